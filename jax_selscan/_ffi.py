@@ -1,0 +1,26 @@
+"""Loads the compiled extensions and registers their XLA FFI targets with JAX.
+
+Each extension is optional: without it the primitives lower to the pure-JAX
+fallback, so the package imports and works everywhere.
+"""
+from __future__ import annotations
+
+import jax
+
+# FFI target names (must match the handler names registered below).
+LINEAR_SCAN = "jax_selscan_linear_scan"
+LINEAR_SCAN_PROD = "jax_selscan_linear_scan_prod"
+
+
+def _register(module_name: str, platform: str) -> bool:
+    try:
+        module = __import__(f"jax_selscan.{module_name}", fromlist=["registrations"])
+    except ImportError:
+        return False
+    for name, capsule in module.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform=platform)
+    return True
+
+
+HAS_CPU = _register("_cpu", "cpu")
+HAS_CUDA = _register("_cuda", "CUDA")
