@@ -239,9 +239,10 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 
     Returns:
       out (batch, D, L) in u's dtype; with return_last_state, (out, last_state) where
-      last_state is (batch, D, N) in the compute dtype, as mamba_ssm returns it in
-      float32: float32 for float32/bfloat16/float16 inputs, float64 when any input is
-      float64. For "reverse" the last state is the state after position 0; for
+      last_state is (batch, D, N) in the compute dtype: float32 for float32/bfloat16/
+      float16 inputs, float64 when any input is float64. (mamba_ssm returns it in A's
+      dtype, which its kernels require to be float32, so for the usual bf16/fp16
+      activations with float32 A both give float32.) For "reverse" the last state is the state after position 0; for
       "bidirectional" it is the tuple (forward_last, reverse_last).
 
     dtypes: float32, float64, bfloat16, float16 (mixed allowed; computed in float32,
