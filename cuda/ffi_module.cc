@@ -1,0 +1,147 @@
+// XLA FFI handlers of linear_scan on CUDA and the nanobind module jax_selscan._cuda.
+//
+//   jax_selscan_linear_scan       (a, b, h0) -> h
+//   jax_selscan_linear_scan_prod  (a, b, h0) -> (h, a_prod)
+// attributes: axis (int64), reverse (bool), algorithm (int64, index into
+// primitives.ALGORITHMS). The kernels run on the stream XLA passes in; scratch (tile
+// status words, carries) comes from XLA's scratch allocator and is reset on that stream
+// before every launch. The handlers are NOT declared command-buffer (CUDA graph)
+// compatible: the scratch allocation is made per call and its address would be frozen
+// into a captured graph.
+#include <cstdint>
+#include <string>
+
+#include <nanobind/nanobind.h>
+
+#include "linear_scan.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+
+namespace {
+
+bool to_dtype(ffi::DataType t, jss::DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = jss::DType::F32; return true;
+    case ffi::DataType::F64: *out = jss::DType::F64; return true;
+    case ffi::DataType::BF16: *out = jss::DType::BF16; return true;
+    case ffi::DataType::F16: *out = jss::DType::F16; return true;
+    case ffi::DataType::C64: *out = jss::DType::C64; return true;
+    default: return false;
+  }
+}
+
+bool same_dims(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+  auto dx = x.dimensions(), dy = y.dimensions();
+  if (dx.size() != dy.size()) return false;
+  for (size_t i = 0; i < dx.size(); ++i)
+    if (dx[i] != dy[i]) return false;
+  return true;
+}
+
+ffi::Error Run(cudaStream_t stream, ffi::ScratchAllocator& scratch, const ffi::AnyBuffer& a,
+               const ffi::AnyBuffer& b, const ffi::AnyBuffer& h0, ffi::AnyBuffer* h, ffi::AnyBuffer* aprod,
+               int64_t axis, bool reverse, int64_t algorithm) {
+  jss::DType t;
+  if (!to_dtype(a.element_type(), &t))
+    return ffi::Error::InvalidArgument("linear_scan (CUDA): unsupported dtype");
+  if (b.element_type() != a.element_type() || h0.element_type() != a.element_type() ||
+      h->element_type() != a.element_type() || (aprod && aprod->element_type() != a.element_type()))
+    return ffi::Error::InvalidArgument("linear_scan (CUDA): a, b, h0 and the results must share a dtype");
+  if (!same_dims(a, b) || !same_dims(a, *h) || (aprod && !same_dims(a, *aprod)))
+    return ffi::Error::InvalidArgument("linear_scan (CUDA): a, b and the results must have one shape");
+  auto dims = a.dimensions();
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  if (axis < 0 || axis >= rank) return ffi::Error::InvalidArgument("linear_scan (CUDA): axis out of range");
+  if (algorithm < 0 || algorithm >= jss::kNumAlgorithms)
+    return ffi::Error::InvalidArgument("linear_scan (CUDA): unknown algorithm index");
+  auto hd = h0.dimensions();
+  if (static_cast<int64_t>(hd.size()) != rank - 1)
+    return ffi::Error::InvalidArgument("linear_scan (CUDA): h0 must have rank ndim - 1");
+  jss::ScanProblem p;
+  p.outer = 1;
+  p.inner = 1;
+  for (int64_t i = 0, j = 0; i < rank; ++i) {
+    if (i == axis) continue;
+    if (hd[j++] != dims[i]) return ffi::Error::InvalidArgument("linear_scan (CUDA): h0 has the wrong shape");
+  }
+  for (int64_t i = 0; i < axis; ++i) p.outer *= dims[i];
+  p.L = dims[axis];
+  for (int64_t i = axis + 1; i < rank; ++i) p.inner *= dims[i];
+  p.a = a.untyped_data();
+  p.b = b.untyped_data();
+  p.h0 = h0.untyped_data();
+  p.h = h->untyped_data();
+  p.aprod = aprod ? aprod->untyped_data() : nullptr;
+  p.reverse = reverse;
+  p.algorithm = static_cast<int>(algorithm);
+  if (p.outer == 0 || p.L == 0 || p.inner == 0) return ffi::Error::Success();  // empty
+  const size_t bytes = jss::scratch_bytes(t, p);
+  void* buf = nullptr;
+  if (bytes) {
+    auto mem = scratch.Allocate(bytes, 256);
+    if (!mem.has_value()) return ffi::Error::Internal("linear_scan (CUDA): scratch allocation failed");
+    buf = *mem;
+  }
+  cudaError_t err = jss::launch_linear_scan(t, p, buf, stream);
+  if (err != cudaSuccess)
+    return ffi::Error::Internal(std::string("linear_scan (CUDA): ") + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+ffi::Error LinearScanImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                          ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> h, int64_t axis, bool reverse,
+                          int64_t algorithm) {
+  return Run(stream, scratch, a, b, h0, &*h, nullptr, axis, reverse, algorithm);
+}
+
+ffi::Error LinearScanProdImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
+                              ffi::AnyBuffer b, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> h,
+                              ffi::Result<ffi::AnyBuffer> aprod, int64_t axis, bool reverse, int64_t algorithm) {
+  return Run(stream, scratch, a, b, h0, &*h, &*aprod, axis, reverse, algorithm);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanCuda, LinearScanImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("axis")
+                                  .Attr<bool>("reverse")
+                                  .Attr<int64_t>("algorithm"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanProdCuda, LinearScanProdImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("axis")
+                                  .Attr<bool>("reverse")
+                                  .Attr<int64_t>("algorithm"));
+
+NB_MODULE(_cuda, m) {
+  m.def("registrations", []() {
+    nb::dict d;
+    d["jax_selscan_linear_scan"] = nb::capsule(reinterpret_cast<void*>(JssLinearScanCuda));
+    d["jax_selscan_linear_scan_prod"] = nb::capsule(reinterpret_cast<void*>(JssLinearScanProdCuda));
+    return d;
+  });
+  // Test hooks: the resolved algorithm and the scratch size for a shape (no GPU needed).
+  m.def("resolve_algorithm", [](int64_t outer, int64_t L, int64_t inner) {
+    jss::ScanProblem p;
+    p.outer = outer;
+    p.L = L;
+    p.inner = inner;
+    return jss::resolve_algorithm(p);
+  });
+}

@@ -1,0 +1,60 @@
+// Host-side interface of the CUDA linear_scan kernels (plain C++, no CUDA syntax),
+// shared by the FFI handlers (ffi_module.cc) and the per-dtype kernel files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace jss {
+
+// Index into primitives.ALGORITHMS on the Python side: keep in sync.
+enum Algorithm : int {
+  kAuto = 0,
+  kBlelloch = 1,
+  kThreePass = 2,
+  kLookbackSerial = 3,
+  kLookbackWarp = 4,
+  kLookbackRegs = 5,
+  kHillisSteele = 6,
+  kNumAlgorithms = 7,
+};
+
+enum class DType { F32, F64, BF16, F16, C64 };
+
+// The array is seen as (outer, L, inner), row-major. Element (o, t, c) lives at
+// (o * L + t) * inner + c. h0 is (outer, inner). aprod may be null.
+struct ScanProblem {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* h0 = nullptr;
+  void* h = nullptr;
+  void* aprod = nullptr;
+  int64_t outer = 0, L = 0, inner = 0;
+  bool reverse = false;
+  int algorithm = kAuto;
+};
+
+// Which kernel family "auto" resolves to for this shape (never kAuto).
+int resolve_algorithm(const ScanProblem& p);
+
+// Scratch bytes the launch needs (tile status words, carries, the tile counter); 0 if none.
+size_t scratch_bytes(DType t, const ScanProblem& p);
+
+// Resets the scratch on `stream` (cudaMemsetAsync) and launches the kernels. `scratch`
+// must hold scratch_bytes(t, p) bytes, 256-byte aligned. Returns the first CUDA error.
+cudaError_t launch_linear_scan(DType t, const ScanProblem& p, void* scratch, cudaStream_t stream);
+
+// Per-dtype entry points (one translation unit each, compiled in parallel).
+#define JSS_DECLARE_DTYPE(NAME)                                                   \
+  size_t scratch_bytes_##NAME(const ScanProblem& p);                              \
+  cudaError_t launch_##NAME(const ScanProblem& p, void* scratch, cudaStream_t stream);
+JSS_DECLARE_DTYPE(f32)
+JSS_DECLARE_DTYPE(f64)
+JSS_DECLARE_DTYPE(bf16)
+JSS_DECLARE_DTYPE(f16)
+JSS_DECLARE_DTYPE(c64)
+#undef JSS_DECLARE_DTYPE
+
+}  // namespace jss

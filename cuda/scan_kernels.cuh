@@ -1,0 +1,996 @@
+// CUDA kernels of linear_scan:  h[t] = a[t] * h[t-1] + b[t],  h[-1] = h0.
+//
+// Everything is a scan of affine pairs p = (a, b) under the NON-commutative combine
+//     combine(earlier=(a1, b1), later=(a2, b2)) = (a2 * a1, a2 * b1 + b2).
+// h0 enters as a virtual tile before the first one with the pair (1, h0), so that
+// h[t] = (prefix through t).b and a_prod[t] = (prefix through t).a.
+//
+// Layouts. The array is (outer, L, inner), row-major.
+//  * contiguous (inner == 1): a "chain" is one row; a tile is THREADS*ITEMS consecutive
+//    elements of one row; chain = tile_id % nchains, chunk = tile_id / nchains.
+//  * strided (inner > 1): a chain is (o, channel tile of CW channels); a tile is CW
+//    channels x LC steps of the scanned axis; every channel has its own carry.
+//  Tile ids are chunk-major, so the predecessor of tile id is id - nchains.
+//
+// Determinism. Every carry is defined as the LEFT FOLD
+//     inc[k] = combine(inc[k-1], agg[k]),  inc[-1] = (1, h0),
+// and the look-back reproduces exactly that fold: it finds the nearest predecessor j
+// whose inclusive prefix is published, then folds the aggregates j+1..k-1 one by one,
+// in order (a published inclusive prefix met on the way is, bit for bit, the value the
+// fold would produce, so it may replace the running value). The combine uses explicit
+// round-to-nearest intrinsics (no contraction that could differ between call sites),
+// so the result does not depend on the timing of other blocks.
+//
+// Status words (look-back). For float state the flag and the pair fit one aligned
+// 16-byte word {flag, 0, a, b}: published with one st.relaxed.gpu.v4 and read with one
+// ld.relaxed.gpu.v4, the same single-transaction assumption CUB makes for its 16-byte
+// status+value words. For double and complex64 state the pair is 16 bytes alone, so the
+// protocol is split (see Status<S, false> below): the pair is written to a slot that is
+// never overwritten (aggregate and inclusive have separate slots), then the flag is
+// published with st.release.gpu; the reader loads the flag with ld.acquire.gpu and only
+// then reads the slot that flag names (ld.cg, L2), so it never sees a torn or stale pair.
+//
+// Indexing is 64-bit everywhere an element offset is formed; tile ids are 32-bit (the
+// host refuses more than 2^31 tiles).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "linear_scan.h"
+
+namespace jss {
+
+struct c64 {
+  float x, y;
+};
+
+// ---------------------------------------------------------------------------------
+// State arithmetic with explicit rounding.
+__device__ __forceinline__ float s_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float s_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double s_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double s_fma(double a, double b, double c) { return __fma_rn(a, b, c); }
+__device__ __forceinline__ c64 s_mul(c64 a, c64 b) {
+  return {__fmaf_rn(a.x, b.x, -__fmul_rn(a.y, b.y)), __fmaf_rn(a.x, b.y, __fmul_rn(a.y, b.x))};
+}
+__device__ __forceinline__ c64 s_fma(c64 a, c64 b, c64 c) {
+  c64 m = s_mul(a, b);
+  return {__fadd_rn(m.x, c.x), __fadd_rn(m.y, c.y)};
+}
+
+template <class S> __device__ __forceinline__ S s_one();
+template <class S> __device__ __forceinline__ S s_zero();
+template <> __device__ __forceinline__ float s_one<float>() { return 1.f; }
+template <> __device__ __forceinline__ float s_zero<float>() { return 0.f; }
+template <> __device__ __forceinline__ double s_one<double>() { return 1.0; }
+template <> __device__ __forceinline__ double s_zero<double>() { return 0.0; }
+template <> __device__ __forceinline__ c64 s_one<c64>() { return {1.f, 0.f}; }
+template <> __device__ __forceinline__ c64 s_zero<c64>() { return {0.f, 0.f}; }
+
+template <class S>
+struct Pair {
+  S a, b;
+};
+
+template <class S>
+__device__ __forceinline__ Pair<S> identity() {
+  return {s_one<S>(), s_zero<S>()};
+}
+
+// earlier first, later second: (a2*a1, a2*b1 + b2).
+template <class S>
+__device__ __forceinline__ Pair<S> combine(const Pair<S>& e, const Pair<S>& l) {
+  return {s_mul(l.a, e.a), s_fma(l.a, e.b, l.b)};
+}
+
+// Warp shuffles of states and pairs.
+__device__ __forceinline__ float shfl_up(float v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
+__device__ __forceinline__ double shfl_up(double v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
+__device__ __forceinline__ c64 shfl_up(c64 v, int d) { return {shfl_up(v.x, d), shfl_up(v.y, d)}; }
+__device__ __forceinline__ float shfl_idx(float v, int l) { return __shfl_sync(0xffffffffu, v, l); }
+__device__ __forceinline__ double shfl_idx(double v, int l) { return __shfl_sync(0xffffffffu, v, l); }
+__device__ __forceinline__ c64 shfl_idx(c64 v, int l) { return {shfl_idx(v.x, l), shfl_idx(v.y, l)}; }
+template <class S>
+__device__ __forceinline__ Pair<S> shfl_up(const Pair<S>& p, int d) {
+  return {shfl_up(p.a, d), shfl_up(p.b, d)};
+}
+template <class S>
+__device__ __forceinline__ Pair<S> shfl_idx(const Pair<S>& p, int l) {
+  return {shfl_idx(p.a, l), shfl_idx(p.b, l)};
+}
+
+// ---------------------------------------------------------------------------------
+// Element types: storage T, state S.
+template <class T> struct Elem;
+template <> struct Elem<float> {
+  using S = float;
+  static __device__ __forceinline__ S up(float v) { return v; }
+  static __device__ __forceinline__ float down(S v) { return v; }
+};
+template <> struct Elem<double> {
+  using S = double;
+  static __device__ __forceinline__ S up(double v) { return v; }
+  static __device__ __forceinline__ double down(S v) { return v; }
+};
+template <> struct Elem<__nv_bfloat16> {
+  using S = float;
+  static __device__ __forceinline__ S up(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 down(S v) { return __float2bfloat16_rn(v); }
+};
+template <> struct Elem<__half> {
+  using S = float;
+  static __device__ __forceinline__ S up(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half down(S v) { return __float2half_rn(v); }
+};
+template <> struct Elem<c64> {
+  using S = c64;
+  static __device__ __forceinline__ S up(c64 v) { return v; }
+  static __device__ __forceinline__ c64 down(S v) { return v; }
+};
+
+// 16-byte vector of T.
+template <class T>
+struct alignas(16) Vec16 {
+  static constexpr int N = 16 / sizeof(T);
+  T v[N];
+};
+template <class T>
+__device__ __forceinline__ Vec16<T> load16(const T* p) {
+  uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+  Vec16<T> r;
+  *reinterpret_cast<uint4*>(&r) = u;
+  return r;
+}
+template <class T>
+__device__ __forceinline__ void store16(T* p, const Vec16<T>& r) {
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
+}
+
+// ---------------------------------------------------------------------------------
+// Tile status for the look-back.
+enum : uint32_t { ST_INVALID = 0, ST_AGG = 1, ST_INC = 2 };
+
+__host__ __device__ inline size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+template <class S, bool Packed = std::is_same<S, float>::value>
+struct Status;
+
+// float state: one 16-byte word {flag, 0, a, b}, published and read in one access.
+template <class S>
+struct Status<S, true> {
+  uint4* w;
+  __host__ __device__ Status(void* base, size_t) : w(static_cast<uint4*>(base)) {}
+  static size_t bytes(size_t n) { return round_up(n * 16, 256); }
+  static size_t reset_bytes(size_t n) { return bytes(n); }
+  __device__ __forceinline__ void publish(size_t i, uint32_t flag, const Pair<float>& p) const {
+    asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(w + i), "r"(flag),
+                 "r"(0u), "r"(__float_as_uint(p.a)), "r"(__float_as_uint(p.b))
+                 : "memory");
+  }
+  __device__ __forceinline__ uint32_t load(size_t i, Pair<float>& p) const {
+    uint32_t f, pad, x, y;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(f), "=r"(pad), "=r"(x), "=r"(y)
+                 : "l"(w + i)
+                 : "memory");
+    p.a = __uint_as_float(x);
+    p.b = __uint_as_float(y);
+    return f;
+  }
+};
+
+__device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ double ldcg(const double* p) { return __ldcg(p); }
+__device__ __forceinline__ c64 ldcg(const c64* p) {
+  float2 v = __ldcg(reinterpret_cast<const float2*>(p));
+  return {v.x, v.y};
+}
+__device__ __forceinline__ void stcg(double* p, double v) { __stcg(p, v); }
+__device__ __forceinline__ void stcg(c64* p, c64 v) { __stcg(reinterpret_cast<float2*>(p), make_float2(v.x, v.y)); }
+
+// double / complex64 state: the pair does not fit one word with the flag.
+// Fence protocol:
+//   writer: store the pair into agg[i] (flag ST_AGG) or inc[i] (flag ST_INC) -- two
+//           distinct slots, each written once per launch -- then st.release.gpu flag[i].
+//   reader: f = ld.acquire.gpu flag[i]; if f != 0 read the slot f names with ld.cg.
+// The release orders the pair store before the flag; the acquire orders the flag load
+// before the pair load; the slot a flag names is never rewritten, so no tearing.
+template <class S>
+struct Status<S, false> {
+  uint32_t* flags;
+  Pair<S>* agg;
+  Pair<S>* inc;
+  __host__ __device__ static size_t flag_bytes(size_t n) { return round_up(n * 4, 256); }
+  __host__ __device__ static size_t bytes(size_t n) { return flag_bytes(n) + 2 * round_up(n * sizeof(Pair<S>), 256); }
+  static size_t reset_bytes(size_t n) { return flag_bytes(n); }
+  __host__ __device__ Status(void* base, size_t n) {
+    char* c = static_cast<char*>(base);
+    flags = reinterpret_cast<uint32_t*>(c);
+    agg = reinterpret_cast<Pair<S>*>(c + flag_bytes(n));
+    inc = reinterpret_cast<Pair<S>*>(c + flag_bytes(n) + round_up(n * sizeof(Pair<S>), 256));
+  }
+  __device__ __forceinline__ void publish(size_t i, uint32_t flag, const Pair<S>& p) const {
+    Pair<S>* slot = (flag == ST_INC ? inc : agg) + i;
+    stcg(&slot->a, p.a);
+    stcg(&slot->b, p.b);
+    st_release(flags + i, flag);
+  }
+  __device__ __forceinline__ uint32_t load(size_t i, Pair<S>& p) const {
+    uint32_t f = ld_acquire(flags + i);
+    if (f != ST_INVALID) {
+      const Pair<S>* slot = (f == ST_INC ? inc : agg) + i;
+      p.a = ldcg(&slot->a);
+      p.b = ldcg(&slot->b);
+    }
+    return f;
+  }
+};
+
+// ---------------------------------------------------------------------------------
+// Kernel parameters.
+struct Dev {
+  const void* a;
+  const void* b;
+  const void* h0;
+  void* h;
+  void* aprod;
+  int64_t L, inner;
+  int64_t nchains, nchunks;  // tiles = nchains * nchunks
+  int64_t nct;               // strided: channel tiles per outer index
+  void* status;              // look-back status words
+  size_t nstatus;            // number of status records
+  unsigned* counter;         // dynamic tile-id counter
+  void* carry;               // three-pass: aggregates, then exclusive prefixes
+  bool reverse;
+  bool vec;                  // 16-byte loads/stores are legal
+};
+
+enum Carry { CARRY_LB_SERIAL = 0, CARRY_LB_WARP = 1, CARRY_ARRAY = 2, CARRY_REDUCE = 3 };
+
+// ---------------------------------------------------------------------------------
+// Look-back, one thread (lookback_serial, and per channel in the strided layout).
+// `rec(c)` = status record index of chunk c of this chain. Returns inc[k-1].
+template <class S, class St, class Rec>
+__device__ Pair<S> lookback_serial(const St& st, int64_t k, const Rec& rec, const Pair<S>& h0p) {
+  using P = Pair<S>;
+  P p;
+  int64_t c = k - 1;
+  for (; c >= 0; --c) {  // backwards to the nearest published inclusive prefix
+    uint32_t f;
+    while ((f = st.load(rec(c), p)) == ST_INVALID) {
+    }
+    if (f == ST_INC) break;
+  }
+  P acc = (c < 0) ? h0p : p;
+  for (int64_t m = c + 1; m <= k - 1; ++m) {  // then forwards, folding in order
+    uint32_t f = st.load(rec(m), p);          // already seen valid: flags only grow
+    acc = (f == ST_INC) ? p : combine(acc, p);
+  }
+  return acc;
+}
+
+// Look-back by a whole warp: 32 predecessors inspected at once. All 32 lanes call it and
+// all get the result. Lane l of a window inspects chunk hi - 31 + l (lane 31 is nearest).
+template <class S, class St, class Rec>
+__device__ Pair<S> lookback_warp(const St& st, int64_t k, const Rec& rec, const Pair<S>& h0p) {
+  using P = Pair<S>;
+  const int lane = threadIdx.x & 31;
+  P acc = h0p;
+  int64_t hi = k - 1;
+  while (true) {  // phase 1: backwards, window by window, to an inclusive prefix
+    const int64_t c = hi - 31 + lane;
+    P p = h0p;  // lanes before the chain's start hold the virtual tile (1, h0)
+    uint32_t f = ST_INC;
+    while (true) {  // spin, the whole warp together, until no lane sees an empty word
+      if (c >= 0) f = st.load(rec(c), p);
+      if (!__any_sync(0xffffffffu, f == ST_INVALID)) break;
+    }
+    unsigned mask = __ballot_sync(0xffffffffu, f == ST_INC);
+    if (mask) {
+      const int s = 31 - __clz(mask);
+      acc = shfl_idx(p, s);
+      for (int l = s + 1; l < 32; ++l) acc = combine(acc, shfl_idx(p, l));
+      break;
+    }
+    hi -= 32;
+  }
+  // phase 2: forwards through the windows skipped in phase 1, folding in order
+  for (int64_t lo = hi + 1; lo <= k - 1; lo += 32) {
+    const int64_t c = lo + lane;
+    const bool valid = c <= k - 1;
+    P p = identity<S>();
+    uint32_t f = ST_AGG;
+    if (valid) f = st.load(rec(c), p);
+    unsigned mask = __ballot_sync(0xffffffffu, valid && f == ST_INC);
+    int first = 0;
+    if (mask) {
+      const int s = 31 - __clz(mask);
+      acc = shfl_idx(p, s);
+      first = s + 1;
+    }
+    const int n = (int)((k - lo) < 32 ? (k - lo) : 32);
+    for (int l = first; l < n; ++l) acc = combine(acc, shfl_idx(p, l));
+  }
+  return acc;
+}
+
+// ---------------------------------------------------------------------------------
+// Contiguous layout: tile scan with ITEMS consecutive elements per thread in registers.
+// Thread j of a tile owns logical items [k*TILE + j*ITEMS, +ITEMS); logical index p maps to
+// physical index p (forward) or L-1-p (reverse) inside the row.
+template <class T, int ITEMS>
+__device__ __forceinline__ void load_items(const Dev& d, const T* __restrict__ a, const T* __restrict__ b,
+                                           int64_t base, Pair<typename Elem<T>::S> (&x)[ITEMS]) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  const int64_t L = d.L;
+  constexpr int VEC = 16 / sizeof(T);
+  if (ITEMS % VEC == 0 && d.vec) {
+    constexpr int NV = ITEMS % VEC == 0 ? ITEMS / VEC : 1;
+    if (!d.reverse) {
+#pragma unroll
+      for (int m = 0; m < NV; ++m) {
+        const int64_t q = base + m * VEC;
+        if (q < L) {
+          Vec16<T> va = load16(a + q), vb = load16(b + q);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) x[m * VEC + e] = {E::up(va.v[e]), E::up(vb.v[e])};
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) x[m * VEC + e] = identity<S>();
+        }
+      }
+    } else {
+      const int64_t q0 = L - base - ITEMS;  // physical start of this thread's items
+#pragma unroll
+      for (int m = 0; m < NV; ++m) {
+        const int64_t q = q0 + m * VEC;
+        if (q >= 0) {
+          Vec16<T> va = load16(a + q), vb = load16(b + q);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) x[ITEMS - 1 - (m * VEC + e)] = {E::up(va.v[e]), E::up(vb.v[e])};
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) x[ITEMS - 1 - (m * VEC + e)] = identity<S>();
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t p = base + i;
+      if (p < L) {
+        const int64_t q = d.reverse ? L - 1 - p : p;
+        x[i] = {E::up(a[q]), E::up(b[q])};
+      } else {
+        x[i] = identity<S>();
+      }
+    }
+  }
+}
+
+template <class T, int ITEMS>
+__device__ __forceinline__ void store_items(const Dev& d, T* __restrict__ h, T* __restrict__ ap, int64_t base,
+                                            const Pair<typename Elem<T>::S> (&y)[ITEMS]) {
+  using E = Elem<T>;
+  const int64_t L = d.L;
+  constexpr int VEC = 16 / sizeof(T);
+  if (ITEMS % VEC == 0 && d.vec) {
+    constexpr int NV = ITEMS % VEC == 0 ? ITEMS / VEC : 1;
+    if (!d.reverse) {
+#pragma unroll
+      for (int m = 0; m < NV; ++m) {
+        const int64_t q = base + m * VEC;
+        if (q < L) {
+          Vec16<T> vh, va;
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            vh.v[e] = E::down(y[m * VEC + e].b);
+            va.v[e] = E::down(y[m * VEC + e].a);
+          }
+          store16(h + q, vh);
+          if (ap) store16(ap + q, va);
+        }
+      }
+    } else {
+      const int64_t q0 = L - base - ITEMS;
+#pragma unroll
+      for (int m = 0; m < NV; ++m) {
+        const int64_t q = q0 + m * VEC;
+        if (q >= 0) {
+          Vec16<T> vh, va;
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            vh.v[e] = E::down(y[ITEMS - 1 - (m * VEC + e)].b);
+            va.v[e] = E::down(y[ITEMS - 1 - (m * VEC + e)].a);
+          }
+          store16(h + q, vh);
+          if (ap) store16(ap + q, va);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t p = base + i;
+      if (p < L) {
+        const int64_t q = d.reverse ? L - 1 - p : p;
+        h[q] = E::down(y[i].b);
+        if (ap) ap[q] = E::down(y[i].a);
+      }
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ Pair<typename Elem<T>::S> h0_pair(const Dev& d, int64_t idx) {
+  using S = typename Elem<T>::S;
+  return {s_one<S>(), Elem<T>::up(static_cast<const T*>(d.h0)[idx])};
+}
+
+// The tile id: dynamic (in the order blocks start, so that every predecessor of a tile
+// has started and will finish: no deadlock) for the look-back, blockIdx.x otherwise.
+template <int CARRY>
+__device__ __forceinline__ unsigned tile_id(const Dev& d, unsigned* s_id) {
+  if (CARRY == CARRY_LB_SERIAL || CARRY == CARRY_LB_WARP) {
+    if (threadIdx.x == 0) *s_id = atomicAdd(d.counter, 1u);
+    __syncthreads();
+    return *s_id;
+  }
+  return blockIdx.x;
+}
+
+template <class T, int THREADS, int ITEMS, int CARRY>
+__global__ void __launch_bounds__(THREADS) tile_scan_kernel(Dev d) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  using P = Pair<S>;
+  constexpr int NW = THREADS / 32;
+  constexpr int TILE = THREADS * ITEMS;
+  __shared__ P s_warp[NW];
+  __shared__ P s_excl;
+  __shared__ unsigned s_id;
+
+  const unsigned id = tile_id<CARRY>(d, &s_id);
+  const int64_t chain = id % d.nchains;  // the row
+  const int64_t k = id / d.nchains;      // tile within the row
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row0 = chain * d.L;
+  const T* a = static_cast<const T*>(d.a) + row0;
+  const T* b = static_cast<const T*>(d.b) + row0;
+  const int64_t base = k * TILE + (int64_t)tid * ITEMS;
+
+  P x[ITEMS];
+  load_items<T, ITEMS>(d, a, b, base, x);
+
+  // 1. serial inclusive scan in registers
+#pragma unroll
+  for (int i = 1; i < ITEMS; ++i) x[i] = combine(x[i - 1], x[i]);
+  // 2. warp inclusive scan of the thread aggregates (Kogge-Stone with shuffles)
+  P w = x[ITEMS - 1];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    P u = shfl_up(w, o);
+    if (lane >= o) w = combine(u, w);
+  }
+  P ex = shfl_up(w, 1);  // exclusive within the warp
+  if (lane == 0) ex = identity<S>();
+  if (lane == 31) s_warp[warp] = w;
+  __syncthreads();
+  // 3. block: the warp's prefix is the fold of the earlier warps' totals
+  P wp = identity<S>();
+#pragma unroll
+  for (int q = 0; q < NW; ++q)
+    if (q < warp) wp = combine(wp, s_warp[q]);
+
+  // 4. tile carry
+  if (CARRY == CARRY_REDUCE) {
+    if (tid == 0) {
+      P t = s_warp[0];
+#pragma unroll
+      for (int q = 1; q < NW; ++q) t = combine(t, s_warp[q]);
+      static_cast<P*>(d.carry)[id] = t;
+    }
+    return;
+  }
+  P excl;
+  if (CARRY == CARRY_ARRAY) {
+    excl = static_cast<const P*>(d.carry)[id];
+  } else {
+    if (warp == 0) {
+      P t = s_warp[0];
+#pragma unroll
+      for (int q = 1; q < NW; ++q) t = combine(t, s_warp[q]);
+      Status<S> st(d.status, d.nstatus);
+      const P h0p = h0_pair<T>(d, chain);
+      P e = h0p;
+      if (k > 0) {
+        if (lane == 0) st.publish(id, ST_AGG, t);
+        auto rec = [&](int64_t c) { return (size_t)(c * d.nchains + chain); };
+        if (CARRY == CARRY_LB_WARP) {
+          e = lookback_warp<S>(st, k, rec, h0p);
+        } else if (lane == 0) {
+          e = lookback_serial<S>(st, k, rec, h0p);
+        }
+      }
+      if (lane == 0) {
+        st.publish(id, ST_INC, combine(e, t));
+        s_excl = e;
+      }
+    }
+    __syncthreads();
+    excl = s_excl;
+  }
+
+  // 5. apply the prefixes
+  const P pre = combine(combine(excl, wp), ex);
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) x[i] = combine(pre, x[i]);
+  store_items<T, ITEMS>(d, static_cast<T*>(d.h) + row0, d.aprod ? static_cast<T*>(d.aprod) + row0 : nullptr,
+                        base, x);
+}
+
+// ---------------------------------------------------------------------------------
+// Blelloch (work-efficient) tile scan: up-sweep and down-sweep in shared memory, two
+// elements per thread, carries from the three-pass arrays.
+template <class T, int THREADS>
+__global__ void __launch_bounds__(THREADS) blelloch_kernel(Dev d) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  using P = Pair<S>;
+  constexpr int N = 2 * THREADS;
+  __shared__ P s[N];
+  const unsigned id = blockIdx.x;
+  const int64_t chain = id % d.nchains, k = id / d.nchains;
+  const int tid = threadIdx.x;
+  const int64_t row0 = chain * d.L, L = d.L;
+  const T* a = static_cast<const T*>(d.a) + row0;
+  const T* b = static_cast<const T*>(d.b) + row0;
+  P x[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // coalesced: element tid and tid + THREADS of the tile
+    const int64_t p = k * N + tid + r * THREADS;
+    if (p < L) {
+      const int64_t q = d.reverse ? L - 1 - p : p;
+      x[r] = {E::up(a[q]), E::up(b[q])};
+    } else {
+      x[r] = identity<S>();
+    }
+    s[tid + r * THREADS] = x[r];
+  }
+  int off = 1;
+#pragma unroll
+  for (int n = N >> 1; n > 0; n >>= 1) {  // up-sweep: s[bi] = s[ai] (earlier) o s[bi]
+    __syncthreads();
+    if (tid < n) {
+      const int ai = off * (2 * tid + 1) - 1, bi = off * (2 * tid + 2) - 1;
+      s[bi] = combine(s[ai], s[bi]);
+    }
+    off <<= 1;
+  }
+  if (tid == 0) s[N - 1] = identity<S>();
+#pragma unroll
+  for (int n = 1; n < N; n <<= 1) {  // down-sweep: left gets the prefix, right prefix o left sum
+    off >>= 1;
+    __syncthreads();
+    if (tid < n) {
+      const int ai = off * (2 * tid + 1) - 1, bi = off * (2 * tid + 2) - 1;
+      const P t = s[ai];
+      s[ai] = s[bi];
+      s[bi] = combine(s[bi], t);
+    }
+  }
+  __syncthreads();
+  const P excl = static_cast<const P*>(d.carry)[id];
+  T* h = static_cast<T*>(d.h) + row0;
+  T* ap = d.aprod ? static_cast<T*>(d.aprod) + row0 : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t p = k * N + tid + r * THREADS;
+    if (p < L) {
+      const int64_t q = d.reverse ? L - 1 - p : p;
+      const P y = combine(excl, combine(s[tid + r * THREADS], x[r]));
+      h[q] = E::down(y.b);
+      if (ap) ap[q] = E::down(y.a);
+    }
+  }
+}
+
+// Hillis-Steele / Kogge-Stone tile scan held in registers: one element per thread,
+// log2(32) shuffle steps in the warp, then log2(NW) steps over the warp totals (double-
+// buffered in shared memory), carries from the three-pass arrays.
+template <class T, int THREADS>
+__global__ void __launch_bounds__(THREADS) hillis_steele_kernel(Dev d) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  using P = Pair<S>;
+  constexpr int NW = THREADS / 32;
+  __shared__ P s_tot[2][NW];
+  const unsigned id = blockIdx.x;
+  const int64_t chain = id % d.nchains, k = id / d.nchains;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row0 = chain * d.L, L = d.L;
+  const int64_t p = k * THREADS + tid;
+  const int64_t q = d.reverse ? L - 1 - p : p;
+  P x = identity<S>();
+  if (p < L) x = {E::up(static_cast<const T*>(d.a)[row0 + q]), E::up(static_cast<const T*>(d.b)[row0 + q])};
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    P u = shfl_up(x, o);
+    if (lane >= o) x = combine(u, x);
+  }
+  if (lane == 31) s_tot[0][warp] = x;
+  __syncthreads();
+  int cur = 0;
+#pragma unroll
+  for (int o = 1; o < NW; o <<= 1) {  // Kogge-Stone over the warp totals
+    if (tid < NW) s_tot[cur ^ 1][tid] = tid >= o ? combine(s_tot[cur][tid - o], s_tot[cur][tid]) : s_tot[cur][tid];
+    __syncthreads();
+    cur ^= 1;
+  }
+  P y = x;
+  if (warp > 0) y = combine(s_tot[cur][warp - 1], x);
+  y = combine(static_cast<const P*>(d.carry)[id], y);
+  if (p < L) {
+    static_cast<T*>(d.h)[row0 + q] = E::down(y.b);
+    if (d.aprod) static_cast<T*>(d.aprod)[row0 + q] = E::down(y.a);
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Three-pass middle pass: per sequence (a chain, or a channel of a chain), replace the
+// tile aggregates agg[chunk] (at index (chunk * nchains) * cw + seq_in) by the exclusive
+// prefixes inc[chunk-1], folding strictly left to right from (1, h0).
+template <class T, int THREADS>
+__global__ void __launch_bounds__(THREADS) carry_scan_kernel(Dev d, int cw) {
+  using S = typename Elem<T>::S;
+  using P = Pair<S>;
+  __shared__ P s_seg[THREADS];
+  const int64_t seq = blockIdx.x;  // = chain * cw + ch
+  const int64_t chain = seq / cw, ch = seq % cw;
+  const int64_t o = chain / d.nct, ct = chain % d.nct;
+  const int64_t c = ct * cw + ch;
+  P h0p = identity<S>();
+  if (c < d.inner) h0p = h0_pair<T>(d, o * d.inner + c);
+  P* agg = static_cast<P*>(d.carry);
+  const int64_t n = d.nchunks, stride = d.nchains * cw;
+  const int64_t seg = (n + THREADS - 1) / THREADS;
+  const int64_t lo = threadIdx.x * seg, hi = lo + seg < n ? lo + seg : n;
+  P t = identity<S>();
+  for (int64_t m = lo; m < hi; ++m) t = combine(t, agg[m * stride + seq]);
+  s_seg[threadIdx.x] = t;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    P acc = h0p;
+    for (int i = 0; i < THREADS; ++i) {
+      const P s = s_seg[i];
+      s_seg[i] = acc;
+      acc = combine(acc, s);
+    }
+  }
+  __syncthreads();
+  // Re-fold the segment from its carry-in: identical association to a serial left fold
+  // only segment by segment, which is deterministic (fixed THREADS and n).
+  P acc = s_seg[threadIdx.x];
+  for (int64_t m = lo; m < hi; ++m) {
+    const P g = agg[m * stride + seq];
+    agg[m * stride + seq] = acc;
+    acc = combine(acc, g);
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Strided layout (inner > 1): a block owns CW = 32*VEC channels x LC = 8*TPT steps.
+// Lane l holds channels [l*VEC, +VEC) of the tile (16-byte vectors along the channels),
+// warp w holds steps [w*TPT, +TPT) of the chunk; a look-back per channel.
+template <class T, int TPT, int CARRY>
+__global__ void __launch_bounds__(256) strided_kernel(Dev d) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  using P = Pair<S>;
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int CW = 32 * VEC;
+  constexpr int NW = 8;
+  constexpr int LC = NW * TPT;
+  __shared__ P s_agg[NW][CW];
+  __shared__ P s_excl[CW];
+  __shared__ unsigned s_id;
+
+  const unsigned id = tile_id<CARRY>(d, &s_id);
+  const int64_t chain = id % d.nchains, k = id / d.nchains;
+  const int64_t o = chain / d.nct, ct = chain % d.nct;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int64_t L = d.L, inner = d.inner;
+  const int64_t c0 = ct * CW + lane * VEC;  // first channel of this thread
+  const T* a = static_cast<const T*>(d.a);
+  const T* b = static_cast<const T*>(d.b);
+
+  P x[TPT][VEC];
+#pragma unroll
+  for (int i = 0; i < TPT; ++i) {
+    const int64_t p = k * LC + w * TPT + i;
+    const int64_t q = d.reverse ? L - 1 - p : p;
+    const int64_t off = (o * L + q) * inner + c0;
+    if (d.vec) {
+      if (p < L && c0 < inner) {
+        Vec16<T> va = load16(a + off), vb = load16(b + off);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) x[i][e] = {E::up(va.v[e]), E::up(vb.v[e])};
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) x[i][e] = identity<S>();
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        if (p < L && c0 + e < inner)
+          x[i][e] = {E::up(a[off + e]), E::up(b[off + e])};
+        else
+          x[i][e] = identity<S>();
+      }
+    }
+  }
+  // serial scan along the steps, per channel
+#pragma unroll
+  for (int i = 1; i < TPT; ++i)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) x[i][e] = combine(x[i - 1][e], x[i][e]);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) s_agg[w][lane * VEC + e] = x[TPT - 1][e];
+  __syncthreads();
+
+  // tile carry per channel (threads tid < CW own channel tid)
+  if (tid < CW) {
+    P t = s_agg[0][tid];
+#pragma unroll
+    for (int q = 1; q < NW; ++q) t = combine(t, s_agg[q][tid]);
+    const size_t rec_id = (size_t)id * CW + tid;
+    if (CARRY == CARRY_REDUCE) {
+      static_cast<P*>(d.carry)[rec_id] = t;
+    } else if (CARRY == CARRY_ARRAY) {
+      s_excl[tid] = static_cast<const P*>(d.carry)[rec_id];
+    } else {
+      const int64_t c = ct * CW + tid;
+      P h0p = identity<S>();
+      if (c < inner) h0p = h0_pair<T>(d, o * inner + c);
+      Status<S> st(d.status, d.nstatus);
+      P e = h0p;
+      if (k > 0) {
+        st.publish(rec_id, ST_AGG, t);
+        auto rec = [&](int64_t cc) { return (size_t)(cc * d.nchains + chain) * CW + tid; };
+        e = lookback_serial<S>(st, k, rec, h0p);
+      }
+      st.publish(rec_id, ST_INC, combine(e, t));
+      s_excl[tid] = e;
+    }
+  }
+  if (CARRY == CARRY_REDUCE) return;
+  __syncthreads();
+
+  P pre[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const int ch = lane * VEC + e;
+    P wp = s_excl[ch];
+#pragma unroll
+    for (int q = 0; q < NW; ++q)
+      if (q < w) wp = combine(wp, s_agg[q][ch]);
+    pre[e] = wp;
+  }
+  T* h = static_cast<T*>(d.h);
+  T* ap = static_cast<T*>(d.aprod);
+#pragma unroll
+  for (int i = 0; i < TPT; ++i) {
+    const int64_t p = k * LC + w * TPT + i;
+    if (p >= L) continue;
+    const int64_t q = d.reverse ? L - 1 - p : p;
+    const int64_t off = (o * L + q) * inner + c0;
+    P y[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) y[e] = combine(pre[e], x[i][e]);
+    if (d.vec) {
+      if (c0 < inner) {
+        Vec16<T> vh, va;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          vh.v[e] = E::down(y[e].b);
+          va.v[e] = E::down(y[e].a);
+        }
+        store16(h + off, vh);
+        if (ap) store16(ap + off, va);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        if (c0 + e < inner) {
+          h[off + e] = E::down(y[e].b);
+          if (ap) ap[off + e] = E::down(y[e].a);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Host side: plan and launch.
+template <class T>
+struct Config {
+  using S = typename Elem<T>::S;
+  static constexpr int VEC = 16 / sizeof(T);
+  static constexpr int THREADS = 256;
+  static constexpr int ITEMS_REGS = 64 / sizeof(T) < VEC ? VEC : 64 / sizeof(T);  // 64 B per array
+  static constexpr int ITEMS_SMALL = VEC;                                          // 16 B per array
+  static constexpr int TPT = sizeof(T) == 2 ? 4 : 8;
+  static constexpr int CW = 32 * VEC;
+  static constexpr int LC = 8 * TPT;
+  static constexpr int BLELLOCH_THREADS = 256;
+  static constexpr int HS_THREADS = 1024;
+};
+
+struct Plan {
+  int algo;
+  bool strided;
+  int tile;             // contiguous: elements per tile
+  int kind;             // 0: regs big, 1: regs small (contiguous lookback_regs)
+  int64_t nchains, nchunks, nct;
+  size_t nstatus;       // status records
+  size_t status_bytes, status_reset_bytes;
+  size_t carry_bytes;
+  size_t total_bytes;
+};
+
+template <class T>
+Plan make_plan(const ScanProblem& p) {
+  using C = Config<T>;
+  using S = typename C::S;
+  Plan pl{};
+  pl.algo = p.algorithm == kAuto ? resolve_algorithm(p) : p.algorithm;
+  pl.strided = p.inner > 1;
+  int64_t tiles_per_chain_len;
+  if (!pl.strided) {
+    pl.nct = 1;
+    pl.nchains = p.outer;
+    switch (pl.algo) {
+      case kBlelloch: pl.tile = 2 * C::BLELLOCH_THREADS; break;
+      case kHillisSteele: pl.tile = C::HS_THREADS; break;
+      case kLookbackSerial:
+      case kLookbackWarp: pl.tile = C::THREADS; break;
+      default:
+        // three_pass always uses the big tile; lookback_regs takes the small one for short rows
+        pl.kind = (pl.algo == kThreePass || p.L >= C::THREADS * C::ITEMS_REGS) ? 0 : 1;
+        pl.tile = C::THREADS * (pl.kind == 0 ? C::ITEMS_REGS : C::ITEMS_SMALL);
+        break;
+    }
+    tiles_per_chain_len = pl.tile;
+  } else {
+    pl.nct = (p.inner + C::CW - 1) / C::CW;
+    pl.nchains = p.outer * pl.nct;
+    pl.tile = C::LC;
+    tiles_per_chain_len = C::LC;
+  }
+  pl.nchunks = (p.L + tiles_per_chain_len - 1) / tiles_per_chain_len;
+  const size_t ntiles = (size_t)pl.nchains * pl.nchunks;
+  const size_t per_tile = pl.strided ? C::CW : 1;
+  const bool lookback = pl.algo == kLookbackSerial || pl.algo == kLookbackWarp || pl.algo == kLookbackRegs;
+  size_t off = 256;  // the tile counter
+  if (lookback) {
+    pl.nstatus = ntiles * per_tile;
+    pl.status_bytes = Status<S>::bytes(pl.nstatus);
+    pl.status_reset_bytes = Status<S>::reset_bytes(pl.nstatus);
+    off += pl.status_bytes;
+  } else {
+    pl.carry_bytes = round_up(ntiles * per_tile * sizeof(Pair<S>), 256);
+    off += pl.carry_bytes;
+  }
+  pl.total_bytes = off;
+  return pl;
+}
+
+template <class T>
+size_t scratch_bytes_t(const ScanProblem& p) {
+  if (p.outer == 0 || p.L == 0 || p.inner == 0) return 0;
+  return make_plan<T>(p).total_bytes;
+}
+
+template <class T>
+cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
+  using C = Config<T>;
+  if (p.outer == 0 || p.L == 0 || p.inner == 0) return cudaSuccess;
+  const Plan pl = make_plan<T>(p);
+  const int64_t ntiles = pl.nchains * pl.nchunks;
+  if (ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
+  Dev d{};
+  d.a = p.a;
+  d.b = p.b;
+  d.h0 = p.h0;
+  d.h = p.h;
+  d.aprod = p.aprod;
+  d.L = p.L;
+  d.inner = p.inner;
+  d.nchains = pl.nchains;
+  d.nchunks = pl.nchunks;
+  d.nct = pl.nct;
+  d.reverse = p.reverse;
+  char* base = static_cast<char*>(scratch);
+  d.counter = reinterpret_cast<unsigned*>(base);
+  d.status = base + 256;
+  d.nstatus = pl.nstatus;
+  d.carry = base + 256;
+  const uintptr_t align_bits = reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
+                               reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
+  const bool aligned = (align_bits & 15) == 0;
+  d.vec = aligned && ((pl.strided ? p.inner : p.L) % C::VEC == 0);
+  const unsigned grid = (unsigned)ntiles;
+  cudaError_t err = cudaSuccess;
+  const bool lookback = pl.algo == kLookbackSerial || pl.algo == kLookbackWarp || pl.algo == kLookbackRegs;
+  if (lookback) {
+    // Reset the counter and the status flags on the stream before every launch, so that a
+    // replay (e.g. of a captured graph) starts from a clean state.
+    err = cudaMemsetAsync(base, 0, 256 + pl.status_reset_bytes, stream);
+    if (err != cudaSuccess) return err;
+  }
+  if (pl.strided) {
+    if (lookback) {
+      strided_kernel<T, C::TPT, CARRY_LB_SERIAL><<<grid, 256, 0, stream>>>(d);
+    } else {
+      strided_kernel<T, C::TPT, CARRY_REDUCE><<<grid, 256, 0, stream>>>(d);
+      carry_scan_kernel<T, 128><<<(unsigned)(pl.nchains * C::CW), 128, 0, stream>>>(d, C::CW);
+      strided_kernel<T, C::TPT, CARRY_ARRAY><<<grid, 256, 0, stream>>>(d);
+    }
+    return cudaGetLastError();
+  }
+  switch (pl.algo) {
+    case kLookbackSerial:
+      tile_scan_kernel<T, C::THREADS, 1, CARRY_LB_SERIAL><<<grid, C::THREADS, 0, stream>>>(d);
+      break;
+    case kLookbackWarp:
+      tile_scan_kernel<T, C::THREADS, 1, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);
+      break;
+    case kLookbackRegs:
+      if (pl.kind == 0)
+        tile_scan_kernel<T, C::THREADS, C::ITEMS_REGS, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);
+      else
+        tile_scan_kernel<T, C::THREADS, C::ITEMS_SMALL, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);
+      break;
+    case kThreePass:
+      tile_scan_kernel<T, C::THREADS, C::ITEMS_REGS, CARRY_REDUCE><<<grid, C::THREADS, 0, stream>>>(d);
+      carry_scan_kernel<T, 128><<<(unsigned)pl.nchains, 128, 0, stream>>>(d, 1);
+      tile_scan_kernel<T, C::THREADS, C::ITEMS_REGS, CARRY_ARRAY><<<grid, C::THREADS, 0, stream>>>(d);
+      break;
+    case kBlelloch:
+      tile_scan_kernel<T, C::BLELLOCH_THREADS, 2, CARRY_REDUCE><<<grid, C::BLELLOCH_THREADS, 0, stream>>>(d);
+      carry_scan_kernel<T, 128><<<(unsigned)pl.nchains, 128, 0, stream>>>(d, 1);
+      blelloch_kernel<T, C::BLELLOCH_THREADS><<<grid, C::BLELLOCH_THREADS, 0, stream>>>(d);
+      break;
+    case kHillisSteele:
+      tile_scan_kernel<T, C::HS_THREADS, 1, CARRY_REDUCE><<<grid, C::HS_THREADS, 0, stream>>>(d);
+      carry_scan_kernel<T, 128><<<(unsigned)pl.nchains, 128, 0, stream>>>(d, 1);
+      hillis_steele_kernel<T, C::HS_THREADS><<<grid, C::HS_THREADS, 0, stream>>>(d);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace jss
+
+#define JSS_DEFINE_DTYPE(NAME, T)                                                          \
+  namespace jss {                                                                          \
+  size_t scratch_bytes_##NAME(const ScanProblem& p) { return scratch_bytes_t<T>(p); }      \
+  cudaError_t launch_##NAME(const ScanProblem& p, void* scratch, cudaStream_t stream) {    \
+    return launch_t<T>(p, scratch, stream);                                                \
+  }                                                                                        \
+  }

@@ -1,0 +1,287 @@
+// Standalone driver of the linear_scan kernels (no JAX): used by scripts/gpu_check.sh
+// for compute-sanitizer (memcheck, racecheck, synccheck), the determinism check and the
+// > 2^31-element check. Build:
+//   nvcc -O2 -std=c++17 -arch=sm_90 -Icuda cuda/tools/scan_driver.cu cuda/scan_*.cu cuda/dispatch.cc
+// Modes:  check            all algorithms x layouts x dtypes (f32, f64, bf16, c64) on small shapes
+//         determinism N    N runs of one input, bitwise compared on the device
+//         big              more than 2^31 elements, contiguous and strided, checked in windows
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <complex>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "linear_scan.h"
+
+#define CK(x)                                                                           \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
+                               "lookback_regs", "hillis_steele"};
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static double urand() {
+  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+  return ((rng_state >> 11) & ((1ull << 53) - 1)) / double(1ull << 53);
+}
+
+template <class T> struct Host;
+template <> struct Host<float> {
+  static constexpr jss::DType dt = jss::DType::F32;
+  using C = double;
+  static float from(C v) { return (float)v; }
+  static C to(float v) { return v; }
+  static double tol() { return 2e-5; }
+};
+template <> struct Host<double> {
+  static constexpr jss::DType dt = jss::DType::F64;
+  using C = double;
+  static double from(C v) { return v; }
+  static C to(double v) { return v; }
+  static double tol() { return 1e-12; }
+};
+template <> struct Host<__nv_bfloat16> {
+  static constexpr jss::DType dt = jss::DType::BF16;
+  using C = double;
+  static __nv_bfloat16 from(C v) { return __float2bfloat16((float)v); }
+  static C to(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static double tol() { return 1e-2; }
+};
+struct cf {
+  float x, y;
+};
+template <> struct Host<cf> {
+  static constexpr jss::DType dt = jss::DType::C64;
+  using C = std::complex<double>;
+  static cf from(C v) { return {(float)v.real(), (float)v.imag()}; }
+  static C to(cf v) { return {v.x, v.y}; }
+  static double tol() { return 2e-5; }
+};
+
+template <class T>
+typename Host<T>::C rnd_a() {
+  using C = typename Host<T>::C;
+  if constexpr (std::is_same<C, double>::value) return 0.5 + 0.49 * urand();
+  else return std::polar(0.5 + 0.49 * urand(), 0.3 * (urand() - 0.5));
+}
+template <class T>
+typename Host<T>::C rnd_b() {
+  using C = typename Host<T>::C;
+  if constexpr (std::is_same<C, double>::value) return urand() - 0.5;
+  else return C(urand() - 0.5, urand() - 0.5);
+}
+
+// One case: returns the relative error of h and of a_prod against a float64 reference.
+template <class T>
+bool run_case(int64_t outer, int64_t L, int64_t inner, bool reverse, int algo) {
+  using H = Host<T>;
+  using C = typename H::C;
+  const int64_t n = outer * L * inner, nh = outer * inner;
+  std::vector<T> a(n), b(n), h0(nh), h(n), ap(n);
+  for (auto& v : a) v = H::from(rnd_a<T>());
+  for (auto& v : b) v = H::from(rnd_b<T>());
+  for (auto& v : h0) v = H::from(rnd_b<T>());
+  T *da, *db, *dh0, *dh, *dap;
+  CK(cudaMalloc(&da, n * sizeof(T) + 16));
+  CK(cudaMalloc(&db, n * sizeof(T) + 16));
+  CK(cudaMalloc(&dh0, nh * sizeof(T) + 16));
+  CK(cudaMalloc(&dh, n * sizeof(T) + 16));
+  CK(cudaMalloc(&dap, n * sizeof(T) + 16));
+  CK(cudaMemcpy(da, a.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(db, b.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dh0, h0.data(), nh * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemset(dh, 0xff, n * sizeof(T)));  // poison
+  CK(cudaMemset(dap, 0xff, n * sizeof(T)));
+  jss::ScanProblem p;
+  p.a = da; p.b = db; p.h0 = dh0; p.h = dh; p.aprod = dap;
+  p.outer = outer; p.L = L; p.inner = inner; p.reverse = reverse; p.algorithm = algo;
+  size_t sb = jss::scratch_bytes(H::dt, p);
+  void* scratch = nullptr;
+  if (sb) CK(cudaMalloc(&scratch, sb));
+  CK(jss::launch_linear_scan(H::dt, p, scratch, 0));
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(h.data(), dh, n * sizeof(T), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(ap.data(), dap, n * sizeof(T), cudaMemcpyDeviceToHost));
+  double eh = 0, nrm = 0, ea = 0, na = 0;
+  bool finite = true;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < inner; ++c) {
+      C st = H::to(h0[o * inner + c]);
+      C pr = 1.0;
+      for (int64_t s = 0; s < L; ++s) {
+        const int64_t t = reverse ? L - 1 - s : s;
+        const int64_t i = (o * L + t) * inner + c;
+        st = H::to(a[i]) * st + H::to(b[i]);
+        pr = H::to(a[i]) * pr;
+        C gh = H::to(h[i]), ga = H::to(ap[i]);
+        if (!std::isfinite(std::abs(gh)) || !std::isfinite(std::abs(ga))) finite = false;
+        eh += std::norm(gh - st); nrm += std::norm(st);
+        ea += std::norm(ga - pr); na += std::norm(pr);
+      }
+    }
+  double rh = std::sqrt(eh / (nrm + 1e-300)), ra = std::sqrt(ea / (na + 1e-300));
+  bool ok = finite && rh < H::tol() && ra < H::tol();
+  std::printf("%-5s %-16s outer=%-4lld L=%-6lld inner=%-4lld rev=%d  err_h=%.2e err_prod=%.2e %s\n",
+              sizeof(T) == 2 ? "bf16" : (sizeof(T) == 4 ? "f32" : (std::is_same<T, cf>::value ? "c64" : "f64")),
+              kNames[algo], (long long)outer, (long long)L, (long long)inner, reverse, rh, ra, ok ? "ok" : "FAIL");
+  cudaFree(da); cudaFree(db); cudaFree(dh0); cudaFree(dh); cudaFree(dap);
+  if (scratch) cudaFree(scratch);
+  return ok;
+}
+
+static int mode_check(bool quick, bool tiny = false) {
+  int fails = 0;
+  struct S { int64_t o, L, i; };
+  std::vector<S> shapes = {{3, 5000, 1}, {2, 4099, 1}, {1, 20000, 1}, {2, 300, 132}, {1, 1000, 130}, {3, 7, 5}};
+  if (quick) shapes = {{2, 5000, 1}, {1, 9001, 1}, {2, 300, 132}, {1, 200, 130}};
+  if (tiny) shapes = {{2, 5000, 1}, {1, 300, 132}};
+  for (int algo = 0; algo < jss::kNumAlgorithms; ++algo)
+    for (auto s : shapes)
+      for (int rev = 0; rev < 2; ++rev) {
+        fails += !run_case<float>(s.o, s.L, s.i, rev, algo);
+        fails += !run_case<double>(s.o, s.L, s.i, rev, algo);
+        if (!quick || rev == 0) {
+          fails += !run_case<__nv_bfloat16>(s.o, s.L, s.i, rev, algo);
+          fails += !run_case<cf>(s.o, s.L, s.i, rev, algo);
+        }
+      }
+  std::printf("check: %d failures\n", fails);
+  return fails ? 1 : 0;
+}
+
+__global__ void fill_kernel(float* a, float* b, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    uint64_t z = (uint64_t)i * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    float u1 = (z & 0xffffff) / float(1 << 24), u2 = ((z >> 24) & 0xffffff) / float(1 << 24);
+    a[i] = 0.45f + 0.45f * u1;  // in [0.45, 0.9): influence dies out within a few hundred steps
+    b[i] = u2 - 0.5f;
+  }
+}
+__global__ void diff_kernel(const unsigned* x, const unsigned* y, int64_t n, unsigned* bad) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    if (x[i] != y[i]) atomicAdd(bad, 1u);
+}
+
+static int mode_determinism(int runs) {
+  struct D { const char* what; int64_t o, L, i; int algo; };
+  std::vector<D> cases = {
+      {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kLookbackRegs},
+      {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kLookbackWarp},
+      {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kLookbackSerial},
+      {"contiguous 256x65536", 256, 65536, 1, jss::kLookbackRegs},
+      {"strided L=65536 C=1024", 1, 65536, 1024, jss::kLookbackRegs},
+      {"contiguous 1x2^24 auto", 1, 1 << 24, 1, jss::kAuto},
+  };
+  int fails = 0;
+  for (auto& c : cases) {
+    const int64_t n = c.o * c.L * c.i;
+    float *a, *b, *h0, *h, *ref;
+    unsigned* bad;
+    CK(cudaMalloc(&a, n * 4)); CK(cudaMalloc(&b, n * 4)); CK(cudaMalloc(&h, n * 4)); CK(cudaMalloc(&ref, n * 4));
+    CK(cudaMalloc(&h0, c.o * c.i * 4)); CK(cudaMalloc(&bad, 4));
+    fill_kernel<<<1024, 256>>>(a, b, n, 7);
+    CK(cudaMemset(h0, 0, c.o * c.i * 4));
+    // a close to 1 keeps long-range dependence, so the carries matter at every tile
+    jss::ScanProblem p;
+    p.a = a; p.b = b; p.h0 = h0; p.h = ref; p.outer = c.o; p.L = c.L; p.inner = c.i; p.algorithm = c.algo;
+    size_t sb = jss::scratch_bytes(jss::DType::F32, p);
+    void* s; CK(cudaMalloc(&s, sb));
+    CK(jss::launch_linear_scan(jss::DType::F32, p, s, 0));
+    p.h = h;
+    CK(cudaMemset(bad, 0, 4));
+    for (int r = 0; r < runs; ++r) {
+      CK(cudaMemsetAsync(h, 0xff, n * 4, 0));
+      CK(jss::launch_linear_scan(jss::DType::F32, p, s, 0));
+      diff_kernel<<<1024, 256>>>((const unsigned*)h, (const unsigned*)ref, n, bad);
+    }
+    CK(cudaDeviceSynchronize());
+    unsigned nb; CK(cudaMemcpy(&nb, bad, 4, cudaMemcpyDeviceToHost));
+    const int64_t tiles = (int64_t)(sb / 16);
+    std::printf("determinism %-26s %-16s runs=%d  ~%lld status words  differing elements (all runs): %u %s\n",
+                c.what, kNames[c.algo], runs, (long long)tiles, nb, nb ? "FAIL" : "ok");
+    fails += nb != 0;
+    cudaFree(a); cudaFree(b); cudaFree(h); cudaFree(ref); cudaFree(h0); cudaFree(bad); cudaFree(s);
+  }
+  return fails ? 1 : 0;
+}
+
+// > 2^31 elements: check windows against a float64 recurrence started 400 steps earlier
+// from 0 (a < 0.9, so the neglected history weighs < 0.9^400).
+static int mode_big() {
+  int fails = 0;
+  struct B { const char* what; int64_t o, L, i; };
+  std::vector<B> cases = {{"contiguous 1 x (2^31+2^20+3)", 1, (1ll << 31) + (1 << 20) + 3, 1},
+                          {"strided (L=2^17+1, C=16388) axis 0", 1, (1 << 17) + 1, 16388}};
+  for (auto& c : cases) {
+    const int64_t n = c.o * c.L * c.i;
+    float *a, *b, *h0, *h;
+    CK(cudaMalloc(&a, n * 4)); CK(cudaMalloc(&b, n * 4)); CK(cudaMalloc(&h, n * 4));
+    CK(cudaMalloc(&h0, c.o * c.i * 4)); CK(cudaMemset(h0, 0, c.o * c.i * 4));
+    fill_kernel<<<4096, 256>>>(a, b, n, 11);
+    CK(cudaMemset(h, 0xff, n * 4));
+    jss::ScanProblem p;
+    p.a = a; p.b = b; p.h0 = h0; p.h = h; p.outer = c.o; p.L = c.L; p.inner = c.i; p.algorithm = jss::kAuto;
+    size_t sb = jss::scratch_bytes(jss::DType::F32, p);
+    void* s; CK(cudaMalloc(&s, sb));
+    CK(jss::launch_linear_scan(jss::DType::F32, p, s, 0));
+    CK(cudaDeviceSynchronize());
+    // windows of steps t (per channel for the strided case)
+    std::vector<int64_t> ts, chans;
+    if (c.i == 1) {
+      ts = {0, 5000, (1ll << 31) - 700, (1ll << 31) + 5, c.L - 600};
+      chans = {0};
+    } else {
+      ts = {0, c.L / 2, c.L - 500};
+      chans = {0, 1, 4097, c.i - 1};
+    }
+    double worst = 0;
+    for (int64_t ch : chans)
+      for (int64_t t0 : ts) {
+        const int64_t lo = t0 >= 400 ? t0 - 400 : 0, hi = std::min<int64_t>(t0 + 500, c.L);
+        const int64_t m = hi - lo;
+        std::vector<float> va(m), vb(m), vh(m);
+        CK(cudaMemcpy2D(va.data(), 4, a + lo * c.i + ch, c.i * 4, 4, m, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy2D(vb.data(), 4, b + lo * c.i + ch, c.i * 4, 4, m, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy2D(vh.data(), 4, h + lo * c.i + ch, c.i * 4, 4, m, cudaMemcpyDeviceToHost));
+        double st = 0;
+        for (int64_t k = 0; k < m; ++k) {
+          st = (double)va[k] * st + vb[k];
+          if (lo + k >= t0 || lo == 0) {
+            double err = std::fabs(st - vh[k]) / (1.0 + std::fabs(st));
+            if (!(err <= worst)) worst = std::isnan(err) ? 1e30 : std::max(worst, err);
+          }
+        }
+      }
+    bool ok = worst < 1e-4;
+    std::printf("big %-36s n=%lld (> 2^31: %s) worst window error %.2e %s\n", c.what, (long long)n,
+                n > (1ll << 31) ? "yes" : "no", worst, ok ? "ok" : "FAIL");
+    fails += !ok;
+    cudaFree(a); cudaFree(b); cudaFree(h); cudaFree(h0); cudaFree(s);
+  }
+  return fails ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "check";
+  if (mode == "check") return mode_check(false);
+  if (mode == "quick") return mode_check(true);
+  if (mode == "tiny") return mode_check(true, true);
+  if (mode == "determinism") return mode_determinism(argc > 2 ? std::atoi(argv[2]) : 500);
+  if (mode == "big") return mode_big();
+  std::printf("unknown mode %s\n", mode.c_str());
+  return 2;
+}
