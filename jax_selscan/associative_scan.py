@@ -12,8 +12,8 @@ Recognition (once per fn and element avals, cached):
    with the scanned axis set to length 2 (never L, so tracing costs the same for any
    L; not 1, because at length 1 jnp elides indexing such as ``x[:1]`` that is not the
    identity at the lengths `lax` really calls `fn` with).
-2. The jaxpr is interpreted symbolically: every value is a polynomial with integer
-   coefficients in the four input leaves (earlier leaf 0/1, later leaf 0/1), together
+2. The jaxpr is interpreted symbolically: every value is a polynomial with
+   coefficients +-1 in the four input leaves (earlier leaf 0/1, later leaf 0/1), together
    with a map from its dimensions to the dimensions of the full broadcast shape, which
    proves that element i of the value only ever depends on element i of the inputs.
    Only elementwise arithmetic (mul, add, add_any, sub, neg), value-preserving dtype
@@ -22,7 +22,9 @@ Recognition (once per fn and element avals, cached):
    closed_call, remat, custom_jvp_call, custom_vjp_call -- their primal body) are
    understood; constants must be all-0 or all-1. Anything else (dot_general,
    reductions, rev, slicing, gather, transpose, select, max, div, exp, other
-   constants, ...) means "not affine" and the call falls back to lax.
+   constants, ...) means "not affine" and the call falls back to lax. Like terms are
+   never merged (no x - x, no x + x): so beyond commuting operands, only * 1, + 0
+   and pairs of negations are accepted, which change no floating-point result.
 3. The two output polynomials are compared with the affine combine's, for both
    orders of the leaves in `elems`: (a, b) or (b, a). Commuting the operands of each
    * and + is therefore allowed; the result must also keep each leaf's shape, dtype
@@ -241,12 +243,18 @@ class _Val:
         return all(m == () for m in self.poly)
 
 
+# Like terms are never merged: a merge (x + x, x - x, (x + y) * (x + y), ...) is either
+# a cancellation or a coefficient other than +-1 that has to cancel later, and
+# floating-point arithmetic does not cancel exactly. Without merges the only rewrites
+# of a2 * a1 and a2 * b1 + b2 left are commuting operands, * 1, + 0, * 0 of another
+# term, and pairs of negations: each gives the same floating-point result.
+
 def _padd(p, q, sign=1):
     r = dict(p)
     for m, c in q.items():
-        r[m] = r.get(m, 0) + sign * c
-        if r[m] == 0:
-            del r[m]
+        if m in r:
+            raise _Reject("like terms merged")
+        r[m] = sign * c
     return _bounded(r)
 
 
@@ -256,9 +264,9 @@ def _pmul(p, q):
         m = tuple(sorted(m1 + m2))
         if len(m) > _MAX_DEGREE:
             raise _Reject("degree")
-        r[m] = r.get(m, 0) + c1 * c2
-        if r[m] == 0:
-            del r[m]
+        if m in r:
+            raise _Reject("like terms merged")
+        r[m] = c1 * c2
     return _bounded(r)
 
 

@@ -321,6 +321,18 @@ def scaled_op(q_i, q_j):                   # a non-0/1 constant that cancels in 
     return A_j * A_i, 2.0 * (A_j * b_i) - A_j * b_i + b_j
 
 
+def cancelling_op(q_i, q_j):               # equal as polynomials, not in floating point
+    A_i, b_i = q_i
+    A_j, b_j = q_j
+    return A_j * A_i, A_j * b_i + b_j + A_i - A_i
+
+
+def doubled_op(q_i, q_j):
+    A_i, b_i = q_i
+    A_j, b_j = q_j
+    return A_j * A_i, A_j * b_i + b_j + b_j - b_j
+
+
 def sum_a_op(q_i, q_j):
     A_i, b_i = q_i
     A_j, b_j = q_j
@@ -367,6 +379,8 @@ NON_AFFINE = {
     "swapped": (swapped_op, lambda a, b: (a, b)),
     "plus_const": (plus_const_op, lambda a, b: (a, b)),
     "scaled": (scaled_op, lambda a, b: (a, b)),
+    "cancelling": (cancelling_op, lambda a, b: (a, b)),
+    "doubled": (doubled_op, lambda a, b: (a, b)),
     "sum_a": (sum_a_op, lambda a, b: (a, b)),
     "no_b2": (no_b2_op, lambda a, b: (a, b)),
     "max": (max_op, lambda a, b: (a, b)),
@@ -388,6 +402,52 @@ def test_non_affine_is_lax(name, use_jit):
         assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
         jax.tree_util.tree_map(np.testing.assert_array_equal, got, want)
         assert PRIM not in jaxpr_text(fn, elems, axis=axis, reverse=reverse)
+
+
+@jax.custom_jvp
+def _custom_mul(x, y):
+    return x * y
+
+
+_custom_mul.defjvp(lambda primals, tangents: (_custom_mul(*primals),
+                                               tangents[0] * primals[1] + primals[0] * tangents[1]))
+
+
+def _ab(e):
+    return e
+
+
+RECOGNITION = [   # (fn, elems shape, recognised?) -- checked on the jaxpr only
+    (lambda x, y: (-(-y[0]) * x[0], -(-y[1] - y[0] * x[1])), (6, 3), True),
+    (lambda x, y: (jnp.asarray(y[0]) * x[0].astype(x[0].dtype), y[1] + y[0] * x[1]), (6, 3), True),
+    (lambda x, y: (y[0].reshape(y[0].shape) * x[0], y[0] * x[1] + y[1]), (6, 3), True),
+    (lambda x, y: (jnp.squeeze(y[0][:, None], 1) * x[0], y[0] * x[1] + y[1]), (6, 3), True),
+    (lambda x, y: (_custom_mul(y[0], x[0]), _custom_mul(y[0], x[1]) + y[1]), (6, 3), True),
+    (jax.checkpoint(affine_combine), (6, 3), True),
+    (lambda x, y: (y[0] * x[0], y[0] * x[1] + y[1] + 0 * x[0]), (6, 3), True),
+    (lambda x, y: (y[0] * x[0], y[0] * x[1] + y[1]), (6, 1, 3), True),
+    (lambda x, y: (y[0] * x[0], (y[0] * x[1]).reshape(-1).reshape(y[1].shape) + y[1]), (6, 3), False),
+    (lambda x, y: (y[0] * x[0], jnp.sum(y[0] * x[1], -1, keepdims=True) + y[1]), (6, 1), False),
+    (lambda x, y: (y[0] * x[0], jnp.roll(y[0] * x[1], 1, 0) + y[1]), (6, 3), False),
+    (lambda x, y: (y[0] * x[0], y[0][::-1] * x[1] + y[1]), (6, 3), False),
+    (lambda x, y: (y[0] * x[0], jnp.swapaxes(y[0], -1, -2) * x[1] + y[1]), (6, 3, 3), False),
+    (lambda x, y: (y[0] * x[0], jnp.where(y[0] > 0, y[0] * x[1] + y[1], y[1])), (6, 3), False),
+    (lambda x, y: (y[0] * x[0], jnp.exp(jnp.log(y[0])) * x[1] + y[1]), (6, 3), False),
+    (lambda x, y: (y[0] * x[0], y[0] * x[1] + y[1] * y[1] / y[1]), (6, 3), False),
+    (lambda x, y: (y[0] * x[0], (y[0] + 0 * y[1]) * (x[1] + y[1]) - y[0] * y[1] + y[1]), (6, 3), False),
+    (lambda x, y: (y[0] * x[0], (y[0].astype(jnp.bfloat16) * x[1]).astype(jnp.float32) + y[1]),
+     (6, 3), False),
+    (lambda x, y: (y[0] * x[0], y[0] * x[1] + jnp.ones_like(y[1]) * y[1] * 2), (6, 3), False),
+    (lambda x, y: (y[0] * x[0], y[0] * x[1] + y[1][:1] + 0 * y[1]), (6, 3), False),
+    (lambda x, y: (y[0] * x[0], y[0] * x[1] + jnp.broadcast_to(y[1][..., :1], y[1].shape)), (6, 3), False),
+]
+
+
+@pytest.mark.parametrize("case", range(len(RECOGNITION)))
+def test_recognition_table(case):
+    fn, shape, expected = RECOGNITION[case]
+    a = jnp.ones(shape, jnp.float32)
+    assert (PRIM in jaxpr_text(fn, (a, a))) == expected
 
 
 def test_unsupported_dtype_and_closure_fall_back():
