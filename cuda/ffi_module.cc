@@ -3,12 +3,16 @@
 //   jax_selscan_linear_scan       (a, b, h0) -> h
 //   jax_selscan_linear_scan_prod  (a, b, h0) -> (h, a_prod)
 // attributes: axis (int64), reverse (bool), algorithm (int64, index into
-// primitives.ALGORITHMS). The kernels run on the stream XLA passes in; scratch (tile
-// status words, carries) comes from XLA's scratch allocator and is reset on that stream
-// before every launch. The handlers are NOT declared command-buffer (CUDA graph)
-// compatible: the scratch allocation is made per call and its address would be frozen
-// into a captured graph.
+// primitives.ALGORITHMS). The kernels run on the stream XLA passes in. Scratch (tile
+// status words, carries) is stream-ordered: cudaMallocFromPoolAsync on that stream from a
+// per-device pool of our own, reset there (cudaMemsetAsync) before every launch, and
+// released with cudaFreeAsync on the same stream after the last kernel, so it is never
+// reused while a kernel still reads it. (XLA's FFI ScratchAllocator, present in the jax
+// 0.10.2 and 0.12 headers, returned an error on jax 0.11.2 / CUDA 13 on the H200, so it is
+// not used.) The handlers are NOT declared command-buffer (CUDA graph) compatible: that has
+// not been tested here.
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include <nanobind/nanobind.h>
@@ -32,6 +36,29 @@ bool to_dtype(ffi::DataType t, jss::DType* out) {
   }
 }
 
+// One memory pool per device, created on first use; it keeps up to 256 MiB cached so that
+// the per-call allocations are cheap.
+cudaError_t scratch_pool(int dev, cudaMemPool_t* out) {
+  static std::mutex mu;
+  static cudaMemPool_t pools[128] = {};
+  if (dev < 0 || dev >= 128) return cudaErrorInvalidDevice;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!pools[dev]) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t pool;
+    cudaError_t err = cudaMemPoolCreate(&pool, &props);
+    if (err != cudaSuccess) return err;
+    uint64_t keep = 256ull << 20;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    pools[dev] = pool;
+  }
+  *out = pools[dev];
+  return cudaSuccess;
+}
+
 bool same_dims(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
   auto dx = x.dimensions(), dy = y.dimensions();
   if (dx.size() != dy.size()) return false;
@@ -40,7 +67,7 @@ bool same_dims(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
   return true;
 }
 
-ffi::Error Run(cudaStream_t stream, ffi::ScratchAllocator& scratch, const ffi::AnyBuffer& a,
+ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& a,
                const ffi::AnyBuffer& b, const ffi::AnyBuffer& h0, ffi::AnyBuffer* h, ffi::AnyBuffer* aprod,
                int64_t axis, bool reverse, int64_t algorithm) {
   jss::DType t;
@@ -78,28 +105,35 @@ ffi::Error Run(cudaStream_t stream, ffi::ScratchAllocator& scratch, const ffi::A
   p.algorithm = static_cast<int>(algorithm);
   if (p.outer == 0 || p.L == 0 || p.inner == 0) return ffi::Error::Success();  // empty
   const size_t bytes = jss::scratch_bytes(t, p);
+  int dev = 0;
+  cudaError_t err = cudaStreamGetDevice(stream, &dev);
+  if (err == cudaSuccess) err = cudaSetDevice(dev);
   void* buf = nullptr;
-  if (bytes) {
-    auto mem = scratch.Allocate(bytes, 256);
-    if (!mem.has_value()) return ffi::Error::Internal("linear_scan (CUDA): scratch allocation failed");
-    buf = *mem;
+  if (err == cudaSuccess && bytes) {
+    cudaMemPool_t pool;
+    err = scratch_pool(dev, &pool);
+    if (err == cudaSuccess) err = cudaMallocFromPoolAsync(&buf, bytes, pool, stream);
   }
-  cudaError_t err = jss::launch_linear_scan(t, p, buf, stream);
+  if (err == cudaSuccess) err = jss::launch_linear_scan(t, p, buf, stream);
+  if (buf) {
+    cudaError_t e2 = cudaFreeAsync(buf, stream);
+    if (err == cudaSuccess) err = e2;
+  }
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string("linear_scan (CUDA): ") + cudaGetErrorString(err));
   return ffi::Error::Success();
 }
 
-ffi::Error LinearScanImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a, ffi::AnyBuffer b,
+ffi::Error LinearScanImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                           ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> h, int64_t axis, bool reverse,
                           int64_t algorithm) {
-  return Run(stream, scratch, a, b, h0, &*h, nullptr, axis, reverse, algorithm);
+  return Run(stream, a, b, h0, &*h, nullptr, axis, reverse, algorithm);
 }
 
-ffi::Error LinearScanProdImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
+ffi::Error LinearScanProdImpl(cudaStream_t stream, ffi::AnyBuffer a,
                               ffi::AnyBuffer b, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> h,
                               ffi::Result<ffi::AnyBuffer> aprod, int64_t axis, bool reverse, int64_t algorithm) {
-  return Run(stream, scratch, a, b, h0, &*h, &*aprod, axis, reverse, algorithm);
+  return Run(stream, a, b, h0, &*h, &*aprod, axis, reverse, algorithm);
 }
 
 }  // namespace
@@ -107,7 +141,6 @@ ffi::Error LinearScanProdImpl(cudaStream_t stream, ffi::ScratchAllocator scratch
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanCuda, LinearScanImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
@@ -119,7 +152,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanCuda, LinearScanImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanProdCuda, LinearScanProdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

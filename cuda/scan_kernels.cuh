@@ -281,6 +281,19 @@ __device__ Pair<S> lookback_serial(const St& st, int64_t k, const Rec& rec, cons
   return acc;
 }
 
+// acc = p[s] o p[s+1] o ... o p[31] (lane l holds p[l]), strictly left to right. Fully
+// unrolled with a predicate so that the 31 shuffles do not wait on the combine chain.
+template <class S>
+__device__ __forceinline__ Pair<S> fold_window(const Pair<S>& p, int s) {
+  Pair<S> acc = shfl_idx(p, s);
+#pragma unroll
+  for (int l = 1; l < 32; ++l) {
+    const Pair<S> q = shfl_idx(p, l);
+    if (l > s) acc = combine(acc, q);
+  }
+  return acc;
+}
+
 // Look-back by a whole warp: 32 predecessors inspected at once. All 32 lanes call it and
 // all get the result. Lane l of a window inspects chunk hi - 31 + l (lane 31 is nearest).
 template <class S, class St, class Rec>
@@ -299,9 +312,7 @@ __device__ Pair<S> lookback_warp(const St& st, int64_t k, const Rec& rec, const 
     }
     unsigned mask = __ballot_sync(0xffffffffu, f == ST_INC);
     if (mask) {
-      const int s = 31 - __clz(mask);
-      acc = shfl_idx(p, s);
-      for (int l = s + 1; l < 32; ++l) acc = combine(acc, shfl_idx(p, l));
+      acc = fold_window(p, 31 - __clz(mask));
       break;
     }
     hi -= 32;
@@ -472,6 +483,22 @@ __global__ void __launch_bounds__(THREADS) tile_scan_kernel(Dev d) {
   const T* b = static_cast<const T*>(d.b) + row0;
   const int64_t base = k * TILE + (int64_t)tid * ITEMS;
 
+  // Warp look-back: read the 32 nearest predecessors' status words now, together with the
+  // tile's data, so that when an inclusive prefix is already there (the usual case when
+  // many rows are in flight) the look-back costs no extra round trip.
+  P pre_p = identity<S>();
+  uint32_t pre_f = ST_INVALID;
+  if (CARRY == CARRY_LB_WARP && warp == 0 && k > 0) {
+    const int64_t c = k - 32 + lane;
+    if (c >= 0) {
+      Status<S> st(d.status, d.nstatus);
+      pre_f = st.load((size_t)(c * d.nchains + chain), pre_p);
+    } else {
+      pre_f = ST_INC;
+      pre_p = h0_pair<T>(d, chain);
+    }
+  }
+
   P x[ITEMS];
   load_items<T, ITEMS>(d, a, b, base, x);
 
@@ -520,7 +547,10 @@ __global__ void __launch_bounds__(THREADS) tile_scan_kernel(Dev d) {
         if (lane == 0) st.publish(id, ST_AGG, t);
         auto rec = [&](int64_t c) { return (size_t)(c * d.nchains + chain); };
         if (CARRY == CARRY_LB_WARP) {
-          e = lookback_warp<S>(st, k, rec, h0p);
+          const unsigned inc = __ballot_sync(0xffffffffu, pre_f == ST_INC);
+          const int s = inc ? 31 - __clz(inc) : 32;
+          const bool usable = inc && !__any_sync(0xffffffffu, lane > s && pre_f == ST_INVALID);
+          e = usable ? fold_window(pre_p, s) : lookback_warp<S>(st, k, rec, h0p);
         } else if (lane == 0) {
           e = lookback_serial<S>(st, k, rec, h0p);
         }
@@ -695,12 +725,36 @@ __global__ void __launch_bounds__(THREADS) carry_scan_kernel(Dev d, int cw) {
 // Strided layout (inner > 1): a block owns CW = 32*VEC channels x LC = 8*TPT steps.
 // Lane l holds channels [l*VEC, +VEC) of the tile (16-byte vectors along the channels),
 // warp w holds steps [w*TPT, +TPT) of the chunk; a look-back per channel.
+template <class T>
+struct VecN {  // the strided layout's per-thread channel vector: 4 channels, 2 for 8-byte types
+  static constexpr int N = sizeof(T) == 8 ? 2 : 4;
+  T v[N];
+};
+template <class T>
+__device__ __forceinline__ VecN<T> loadN(const T* p) {
+  VecN<T> r;
+  if constexpr (sizeof(VecN<T>) == 16) {
+    *reinterpret_cast<uint4*>(&r) = __ldg(reinterpret_cast<const uint4*>(p));
+  } else {
+    *reinterpret_cast<uint2*>(&r) = __ldg(reinterpret_cast<const uint2*>(p));
+  }
+  return r;
+}
+template <class T>
+__device__ __forceinline__ void storeN(T* p, const VecN<T>& r) {
+  if constexpr (sizeof(VecN<T>) == 16) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
+  } else {
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(&r);
+  }
+}
+
 template <class T, int TPT, int CARRY>
-__global__ void __launch_bounds__(256) strided_kernel(Dev d) {
+__global__ void __launch_bounds__(256, 2) strided_kernel(Dev d) {
   using E = Elem<T>;
   using S = typename E::S;
   using P = Pair<S>;
-  constexpr int VEC = 16 / sizeof(T);
+  constexpr int VEC = VecN<T>::N;
   constexpr int CW = 32 * VEC;
   constexpr int NW = 8;
   constexpr int LC = NW * TPT;
@@ -725,7 +779,7 @@ __global__ void __launch_bounds__(256) strided_kernel(Dev d) {
     const int64_t off = (o * L + q) * inner + c0;
     if (d.vec) {
       if (p < L && c0 < inner) {
-        Vec16<T> va = load16(a + off), vb = load16(b + off);
+        VecN<T> va = loadN(a + off), vb = loadN(b + off);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) x[i][e] = {E::up(va.v[e]), E::up(vb.v[e])};
       } else {
@@ -802,14 +856,14 @@ __global__ void __launch_bounds__(256) strided_kernel(Dev d) {
     for (int e = 0; e < VEC; ++e) y[e] = combine(pre[e], x[i][e]);
     if (d.vec) {
       if (c0 < inner) {
-        Vec16<T> vh, va;
+        VecN<T> vh, va;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           vh.v[e] = E::down(y[e].b);
           va.v[e] = E::down(y[e].a);
         }
-        store16(h + off, vh);
-        if (ap) store16(ap + off, va);
+        storeN(h + off, vh);
+        if (ap) storeN(ap + off, va);
       }
     } else {
 #pragma unroll
@@ -832,8 +886,10 @@ struct Config {
   static constexpr int THREADS = 256;
   static constexpr int ITEMS_REGS = 64 / sizeof(T) < VEC ? VEC : 64 / sizeof(T);  // 64 B per array
   static constexpr int ITEMS_SMALL = VEC;                                          // 16 B per array
-  static constexpr int TPT = sizeof(T) == 2 ? 4 : 8;
-  static constexpr int CW = 32 * VEC;
+  static constexpr int SVEC = sizeof(T) == 8 ? 2 : 4;  // strided: channels per thread
+  static constexpr int TPT = 8;
+  static constexpr int CW = 32 * SVEC;
+  static constexpr int BIG_THREADS = 512;  // very long rows: 2x bigger tiles, half the look-backs
   static constexpr int LC = 8 * TPT;
   static constexpr int BLELLOCH_THREADS = 256;
   static constexpr int HS_THREADS = 1024;
@@ -870,7 +926,9 @@ Plan make_plan(const ScanProblem& p) {
       default:
         // three_pass always uses the big tile; lookback_regs takes the small one for short rows
         pl.kind = (pl.algo == kThreePass || p.L >= C::THREADS * C::ITEMS_REGS) ? 0 : 1;
-        pl.tile = C::THREADS * (pl.kind == 0 ? C::ITEMS_REGS : C::ITEMS_SMALL);
+        if (pl.algo == kLookbackRegs && p.L >= (int64_t(1) << 19)) pl.kind = 2;
+        pl.tile = pl.kind == 2 ? C::BIG_THREADS * C::ITEMS_REGS
+                               : C::THREADS * (pl.kind == 0 ? C::ITEMS_REGS : C::ITEMS_SMALL);
         break;
     }
     tiles_per_chain_len = pl.tile;
@@ -931,7 +989,7 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   const uintptr_t align_bits = reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
                                reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
   const bool aligned = (align_bits & 15) == 0;
-  d.vec = aligned && ((pl.strided ? p.inner : p.L) % C::VEC == 0);
+  d.vec = aligned && (pl.strided ? p.inner % C::SVEC == 0 : p.L % C::VEC == 0);
   const unsigned grid = (unsigned)ntiles;
   cudaError_t err = cudaSuccess;
   const bool lookback = pl.algo == kLookbackSerial || pl.algo == kLookbackWarp || pl.algo == kLookbackRegs;
@@ -959,7 +1017,9 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
       tile_scan_kernel<T, C::THREADS, 1, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);
       break;
     case kLookbackRegs:
-      if (pl.kind == 0)
+      if (pl.kind == 2)
+        tile_scan_kernel<T, C::BIG_THREADS, C::ITEMS_REGS, CARRY_LB_WARP><<<grid, C::BIG_THREADS, 0, stream>>>(d);
+      else if (pl.kind == 0)
         tile_scan_kernel<T, C::THREADS, C::ITEMS_REGS, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);
       else
         tile_scan_kernel<T, C::THREADS, C::ITEMS_SMALL, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);

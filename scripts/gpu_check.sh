@@ -7,7 +7,7 @@
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"build driver pytest determinism sanitize big bench"}
+STAGES=${STAGES:-"build driver pytest determinism big bench sanitize"}
 ARCH=${ARCH:-90}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
@@ -58,12 +58,12 @@ fi
 has driver && step driver 240 "$BIN/scan_driver" check
 has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider
 has determinism && step determinism 240 "$BIN/scan_driver" determinism 500
-if has sanitize; then
-  for tool in memcheck racecheck synccheck; do
-    TAIL=6 step "sanitize_$tool" 300 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/scan_driver" tiny
-  done
-fi
 has big && step big 300 "$BIN/scan_driver" big
 has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
+if has sanitize; then
+  for tool in memcheck racecheck synccheck; do
+    TAIL=6 step "sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/scan_driver" tiny
+  done
+fi
 echo "gpu_check status=$status"
 exit $status
