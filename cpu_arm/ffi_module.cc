@@ -1,0 +1,206 @@
+// XLA FFI handlers for linear_scan on CPU, and the nanobind module
+// jax_selscan._cpu that hands them to JAX (jax_selscan/_ffi.py registers them).
+//
+//   jax_selscan_linear_scan       (a, b, h0) -> h
+//   jax_selscan_linear_scan_prod  (a, b, h0) -> (h, a_prod)
+//   attributes: axis (int64), reverse (bool), algorithm (int64, CUDA only: ignored)
+//
+// Work runs on XLA's intra-op thread pool (ffi::ThreadPool): the calling
+// thread plus at most num_threads - 1 pool tasks, so a call never uses more
+// threads than the pool has.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "linear_scan_cpu.h"
+#include "nanobind/nanobind.h"
+#include "nanobind/stl/string.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+namespace nb = nanobind;
+
+namespace jax_selscan {
+namespace {
+
+// parallel_for on the XLA pool. Items are claimed from a shared counter by the
+// caller and by up to num_threads - 1 helper tasks; the caller then waits only
+// for items already claimed, so it never waits on a task the pool has not
+// started (no deadlock when the caller is itself a pool thread). The shared
+// state is reference-counted because a helper may start after the call has
+// returned; such a helper finds no items left and never touches `fn`.
+class PoolExecutor final : public Executor {
+ public:
+  explicit PoolExecutor(ffi::ThreadPool& pool) : pool_(pool), threads_(pool.num_threads()) {}
+
+  int64_t num_threads() const override { return threads_ > 0 ? threads_ : 1; }
+
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) override {
+    if (n <= 1 || threads_ <= 1) {
+      for (int64_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    struct State {
+      const std::function<void(int64_t)>* fn;
+      int64_t n;
+      std::atomic<int64_t> next{0}, done{0};
+      std::mutex mu;
+      std::condition_variable cv;
+    };
+    auto st = std::make_shared<State>();
+    st->fn = &fn;
+    st->n = n;
+    auto work = [](State& s) {
+      for (int64_t i; (i = s.next.fetch_add(1, std::memory_order_relaxed)) < s.n;) {
+        (*s.fn)(i);
+        if (s.done.fetch_add(1, std::memory_order_acq_rel) + 1 == s.n) {
+          std::lock_guard<std::mutex> lock(s.mu);
+          s.cv.notify_all();
+        }
+      }
+    };
+    const int64_t helpers = std::min<int64_t>(threads_, n) - 1;
+    for (int64_t k = 0; k < helpers; ++k) pool_.Schedule([st, work] { work(*st); });
+    work(*st);
+    std::unique_lock<std::mutex> lock(st->mu);
+    st->cv.wait(lock, [&] { return st->done.load(std::memory_order_acquire) == n; });
+  }
+
+ private:
+  ffi::ThreadPool& pool_;
+  int64_t threads_;
+};
+
+ffi::Error to_dtype(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::F32: *out = DType::kF32; return ffi::Error::Success();
+    case ffi::F64: *out = DType::kF64; return ffi::Error::Success();
+    case ffi::C64: *out = DType::kC64; return ffi::Error::Success();
+    case ffi::BF16: *out = DType::kBF16; return ffi::Error::Success();
+    case ffi::F16: *out = DType::kF16; return ffi::Error::Success();
+    default:
+      return ffi::Error::InvalidArgument(
+          "jax_selscan linear_scan (CPU): unsupported dtype (XLA element type " +
+          std::to_string(static_cast<int>(t)) +
+          "); supported: float32, float64, complex64, bfloat16, float16");
+  }
+}
+
+bool same_dims(ffi::AnyBuffer::Dimensions x, ffi::AnyBuffer::Dimensions y) {
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (x[i] != y[i]) return false;
+  return true;
+}
+
+ffi::Error run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+               const ffi::AnyBuffer& h0, ffi::AnyBuffer* h, ffi::AnyBuffer* a_prod, int64_t axis,
+               bool reverse) {
+  const std::string where = "jax_selscan linear_scan (CPU): ";
+  DType dtype;
+  if (ffi::Error e = to_dtype(a.element_type(), &dtype); e.failure()) return e;
+  if (b.element_type() != a.element_type() || h0.element_type() != a.element_type() ||
+      h->element_type() != a.element_type() ||
+      (a_prod != nullptr && a_prod->element_type() != a.element_type()))
+    return ffi::Error::InvalidArgument(where + "a, b, h0 and the results must share a dtype");
+  const auto dims = a.dimensions();
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  if (axis < 0 || axis >= rank)
+    return ffi::Error::InvalidArgument(where + "axis " + std::to_string(axis) +
+                                       " out of range for rank " + std::to_string(rank));
+  if (!same_dims(b.dimensions(), dims) || !same_dims(h->dimensions(), dims) ||
+      (a_prod != nullptr && !same_dims(a_prod->dimensions(), dims)))
+    return ffi::Error::InvalidArgument(where + "a, b and the results must have the same shape");
+  const auto h0_dims = h0.dimensions();
+  bool h0_ok = static_cast<int64_t>(h0_dims.size()) == rank - 1;
+  for (int64_t i = 0, k = 0; h0_ok && i < rank; ++i)
+    if (i != axis) h0_ok = h0_dims[k++] == dims[i];
+  if (!h0_ok) return ffi::Error::InvalidArgument(where + "h0 must have a's shape without `axis`");
+
+  LinearScanArgs args;
+  args.dtype = dtype;
+  args.outer = 1;
+  args.inner = 1;
+  for (int64_t i = 0; i < axis; ++i) args.outer *= dims[i];
+  for (int64_t i = axis + 1; i < rank; ++i) args.inner *= dims[i];
+  args.length = dims[axis];
+  args.a = a.untyped_data();
+  args.b = b.untyped_data();
+  args.h0 = h0.untyped_data();
+  args.h = h->untyped_data();
+  args.a_prod = a_prod != nullptr ? a_prod->untyped_data() : nullptr;
+  args.reverse = reverse;
+  if (args.outer == 0 || args.length == 0 || args.inner == 0) return ffi::Error::Success();
+
+  std::string error;
+  const KernelTable* kernels = select_kernel_table(&error);
+  if (kernels == nullptr) return ffi::Error::InvalidArgument(where + error);
+  PoolExecutor executor(pool);
+  linear_scan_cpu(args, *kernels, executor);
+  return ffi::Error::Success();
+}
+
+ffi::Error LinearScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                          ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> h, int64_t axis,
+                          bool reverse, int64_t /*algorithm*/) {
+  return run(pool, a, b, h0, &*h, nullptr, axis, reverse);
+}
+
+ffi::Error LinearScanProdImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                              ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> h,
+                              ffi::Result<ffi::AnyBuffer> a_prod, int64_t axis, bool reverse,
+                              int64_t /*algorithm*/) {
+  return run(pool, a, b, h0, &*h, &*a_prod, axis, reverse);
+}
+
+}  // namespace
+}  // namespace jax_selscan
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanLinearScan, jax_selscan::LinearScanImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Arg<ffi::AnyBuffer>()  // b
+                                  .Arg<ffi::AnyBuffer>()  // h0
+                                  .Ret<ffi::AnyBuffer>()  // h
+                                  .Attr<int64_t>("axis")
+                                  .Attr<bool>("reverse")
+                                  .Attr<int64_t>("algorithm"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanLinearScanProd, jax_selscan::LinearScanProdImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // a
+                                  .Arg<ffi::AnyBuffer>()  // b
+                                  .Arg<ffi::AnyBuffer>()  // h0
+                                  .Ret<ffi::AnyBuffer>()  // h
+                                  .Ret<ffi::AnyBuffer>()  // a_prod
+                                  .Attr<int64_t>("axis")
+                                  .Attr<bool>("reverse")
+                                  .Attr<int64_t>("algorithm"));
+
+NB_MODULE(_cpu, m) {
+  m.doc() = "jax_selscan CPU kernels (XLA FFI handlers)";
+  m.def("registrations", [] {
+    nb::dict d;
+    d["jax_selscan_linear_scan"] = nb::capsule(reinterpret_cast<void*>(JaxSelscanLinearScan));
+    d["jax_selscan_linear_scan_prod"] =
+        nb::capsule(reinterpret_cast<void*>(JaxSelscanLinearScanProd));
+    return d;
+  });
+  m.def("isa", [] {
+    std::string error;
+    const jax_selscan::KernelTable* t = jax_selscan::select_kernel_table(&error);
+    if (t == nullptr) throw std::runtime_error(error);
+    return std::string(t->name);
+  }, "The kernel ISA a call would use now (honours JAX_SELSCAN_CPU_ISA).");
+  m.def("supported_isas", [] {
+    nb::list l;
+    for (const jax_selscan::KernelTable* t : jax_selscan::supported_kernel_tables())
+      l.append(nb::str(t->name));
+    return l;
+  }, "Kernel ISAs this CPU runs, best first.");
+}

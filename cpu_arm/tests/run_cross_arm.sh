@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Cross-compiles the C++ tests for aarch64 and runs them under qemu-user
+# (NEON and generic kernels). Needs g++-aarch64-linux-gnu and qemu-user:
+#   apt-get install -y g++-aarch64-linux-gnu qemu-user
+# Usage: cpu_arm/tests/run_cross_arm.sh [--full]   (default: --quick, fewer large cases)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+src="$here/.."
+out="${OUT_DIR:-${TMPDIR:-/tmp}/jax_selscan_cpu_tests_arm}"
+CXX="${CXX:-aarch64-linux-gnu-g++}"
+QEMU="${QEMU:-qemu-aarch64}"
+SYSROOT="${SYSROOT:-/usr/aarch64-linux-gnu}"
+mode="--quick"
+[[ "${1:-}" == "--full" ]] && mode=""
+flags=(-std=c++17 -O2 -Wall -Wextra -I"$src")
+mkdir -p "$out"
+"$CXX" "${flags[@]}" -DJSS_ISA_NAME=generic -DJSS_SIMD_GENERIC -c "$src/kernels_isa.cc" -o "$out/k_generic.o"
+"$CXX" "${flags[@]}" -DJSS_ISA_NAME=neon -c "$src/kernels_isa.cc" -o "$out/k_neon.o"
+"$CXX" "${flags[@]}" -pthread "$here/test_linear_scan.cc" "$src/driver.cc" "$src/dispatch.cc" \
+  "$out/k_generic.o" "$out/k_neon.o" -o "$out/test_linear_scan"
+"$QEMU" -L "$SYSROOT" "$out/test_linear_scan" $mode
