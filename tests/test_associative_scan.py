@@ -133,7 +133,7 @@ def assert_fast(fn, elems, **kw):
     assert PRIM in jaxpr_text(fn, elems, **kw)
     if _ffi.HAS_CPU:
         hlo = jax.jit(lambda e: associative_scan(fn, e, **kw)).lower(elems).as_text()
-        assert PRIM in hlo
+        assert PRIM in hlo and "custom_call" in hlo
 
 
 def run_both(fn, elems, use_jit, lax_jit=None, **kw):
