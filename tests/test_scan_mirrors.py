@@ -1,0 +1,487 @@
+"""CPU mirrors of the CUDA linear_scan kernels' index arithmetic (cuda/scan_kernels.cuh).
+
+Each mirror re-does, in NumPy, what one kernel does: tile ids (chunk-major), which lane and
+item holds which element (forward, reverse, 16-byte vectors or scalars), the warp shuffles,
+the block prefix, the look-back windows and predecessors, the strided offsets, the Blelloch
+sweeps, the Kogge-Stone steps, the three-pass carry scan, and the operand order of every
+combine (the combine is not commutative). Runs in CI without a GPU. Every mirror has
+deliberately broken variants (swapped operands, an off-by-one predecessor, ...); each test
+first proves that the broken variant is caught by the check, then trusts the mirror.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+INC, AGG, INVALID = 2, 1, 0
+
+
+def comb(e, l):
+    """combine(earlier, later) = (a2*a1, a2*b1 + b2)."""
+    return (l[0] * e[0], l[0] * e[1] + l[1])
+
+
+def ident(shape=()):
+    return (np.ones(shape), np.zeros(shape))
+
+
+def reference(a, b, h0, axis_len_first=False, reverse=False):
+    """a, b: (outer, L, inner); h0 (outer, inner). Sequential float64."""
+    outer, L, inner = a.shape
+    h = np.empty_like(a)
+    p = np.empty_like(a)
+    st, pr = h0.copy(), np.ones_like(h0)
+    for s in range(L):
+        t = L - 1 - s if reverse else s
+        st = a[:, t] * st + b[:, t]
+        pr = a[:, t] * pr
+        h[:, t], p[:, t] = st, pr
+    return h, p
+
+
+class Status:
+    """Tile status words with a visibility lag: a published inclusive prefix may still read
+    as the older aggregate (what a relaxed load may see), to exercise every look-back path."""
+
+    def __init__(self, rng, lag):
+        self.agg, self.inc, self.rng, self.lag = {}, {}, rng, lag
+
+    def publish(self, i, flag, pair):
+        (self.inc if flag == INC else self.agg)[i] = pair
+
+    def load(self, i):
+        if i in self.inc and (i not in self.agg or self.rng.random() > self.lag):
+            return INC, self.inc[i]
+        if i in self.agg:
+            return AGG, self.agg[i]
+        return INVALID, None
+
+
+def lookback_serial(st, k, rec, h0p, broken=None):
+    c = k - 1
+    p = None
+    while c >= 0:
+        f, p = st.load(rec(c))
+        assert f != INVALID, "a predecessor that started earlier has not published"
+        if f == INC:
+            break
+        c -= 1
+    acc = h0p if c < 0 else p
+    hi = k - 2 if broken == "pred_off_by_one" else k - 1
+    for m in range(c + 1, hi + 1):
+        f, p = st.load(rec(m))
+        acc = p if f == INC else comb(acc, p)
+    return acc
+
+
+def fold_window(ps, s, broken=None):
+    acc = ps[s]
+    for l in range(1, 32):
+        if l > s:
+            acc = comb(ps[l], acc) if broken == "swap_fold" else comb(acc, ps[l])
+    return acc
+
+
+def lookback_warp(st, k, rec, h0p, broken=None):
+    hi = k - 1
+    shift = 32 if broken == "pred_off_by_one" else 31
+    while True:  # phase 1
+        fs, ps = [], []
+        for lane in range(32):
+            c = hi - shift + lane
+            f, p = (INC, h0p) if c < 0 else st.load(rec(c))
+            fs.append(f)
+            ps.append(p)
+        inc = [l for l in range(32) if fs[l] == INC]
+        if inc:
+            acc = fold_window(ps, max(inc), broken)
+            break
+        hi -= 32
+    lo = hi + 1
+    while lo <= k - 1:  # phase 2
+        fs, ps = [], []
+        for lane in range(32):
+            c = lo + lane
+            f, p = st.load(rec(c)) if c <= k - 1 else (AGG, ident())
+            fs.append(f)
+            ps.append(p)
+        inc = [l for l in range(32) if c_ok(lo + l, k) and fs[l] == INC]
+        first = 0
+        if inc:
+            acc = ps[max(inc)]
+            first = max(inc) + 1
+        for l in range(first, min(32, k - lo)):
+            acc = comb(acc, ps[l])
+        lo += 32
+    return acc
+
+
+def c_ok(c, k):
+    return c <= k - 1
+
+
+def warp_scan(w, broken=None):
+    """Kogge-Stone inclusive scan over 32 lanes with shfl_up (lane >= o takes the lane o below)."""
+    a, b = w[0].copy(), w[1].copy()
+    o = 1
+    while o < 32:
+        ua, ub = np.roll(a, o, axis=0), np.roll(b, o, axis=0)
+        m = np.arange(32) >= o
+        m = m.reshape((32,) + (1,) * (a.ndim - 1))
+        na, nb = comb((a, b), (ua, ub)) if broken == "swap_warp" else comb((ua, ub), (a, b))
+        a, b = np.where(m, na, a), np.where(m, nb, b)
+        o <<= 1
+    return a, b
+
+
+# ----------------------------------------------------------------------------------------
+# contiguous tile_scan_kernel (lookback_serial / lookback_warp / lookback_regs); the
+# three-pass carry structure is mirrored by tiled_three_pass below
+def contiguous_mirror(a, b, h0, reverse, threads, items, vec_width, carry, rng, broken=None):
+    outer, L = a.shape
+    tile = threads * items
+    nchunks = -(-L // tile)
+    nchains = outer
+    vec = L % vec_width == 0 and items % vec_width == 0
+    h = np.full(a.shape, np.nan)
+    ap = np.full(a.shape, np.nan)
+    st = Status(rng, lag=0.7)
+    written = np.zeros(a.shape, int)
+    for tid in range(nchains * nchunks):  # dynamic ids are handed out in start order
+        chain, k = tid % nchains, tid // nchains
+        idx = np.full((threads, items), -1)
+        for j in range(threads):
+            base = k * tile + j * items
+            if vec:
+                nv = items // vec_width
+                if not reverse:
+                    for m in range(nv):
+                        q = base + m * vec_width
+                        if q < L:
+                            for e in range(vec_width):
+                                idx[j, m * vec_width + e] = q + e
+                else:
+                    q0 = L - base - items
+                    for m in range(nv):
+                        q = q0 + m * vec_width
+                        if q >= 0:
+                            for e in range(vec_width):
+                                i = items - 1 - (m * vec_width + e)
+                                if broken == "reverse_vec_order":
+                                    i = m * vec_width + e
+                                idx[j, i] = q + e
+            else:
+                for i in range(items):
+                    p = base + i
+                    if p < L:
+                        idx[j, i] = L - 1 - p if reverse else p
+        valid = idx >= 0
+        xa = np.where(valid, a[chain, np.maximum(idx, 0)], 1.0)
+        xb = np.where(valid, b[chain, np.maximum(idx, 0)], 0.0)
+        for i in range(1, items):  # serial scan in registers
+            xa[:, i], xb[:, i] = comb((xa[:, i - 1], xb[:, i - 1]), (xa[:, i], xb[:, i]))
+        nw = threads // 32
+        wa, wb = np.empty(threads), np.empty(threads)
+        exa, exb = np.empty(threads), np.empty(threads)
+        s_warp = []
+        for w in range(nw):
+            sl = slice(32 * w, 32 * w + 32)
+            ia, ib = warp_scan((xa[sl, -1], xb[sl, -1]), broken)
+            wa[sl], wb[sl] = ia, ib
+            exa[sl], exb[sl] = np.roll(ia, 1), np.roll(ib, 1)
+            exa[32 * w], exb[32 * w] = 1.0, 0.0
+            s_warp.append((ia[31], ib[31]))
+        t = s_warp[0]
+        for q in range(1, nw):
+            t = comb(t, s_warp[q])
+        h0p = (1.0, h0[chain])
+        rec = lambda c: c * nchains + chain
+        e = h0p
+        if k > 0:
+            st.publish(tid, AGG, t)
+            e = (lookback_warp if carry == "warp" else lookback_serial)(st, k, rec, h0p, broken)
+        st.publish(tid, INC, comb(e, t))
+        _apply(h, ap, chain, idx, valid, xa, xb, wa, wb, exa, exb, s_warp, e, threads, broken, written)
+    assert written.max() <= 1, "an element was written twice"
+    return h, ap, written
+
+
+def _apply(h, ap, chain, idx, valid, xa, xb, wa, wb, exa, exb, s_warp, excl, threads, broken, written):
+    for j in range(threads):
+        w = j // 32
+        wp = ident()
+        for q in range(w):
+            wp = comb(wp, s_warp[q])
+        pre = comb(comb(excl, wp), (exa[j], exb[j]))
+        for i in range(idx.shape[1]):
+            if valid[j, i]:
+                ya, yb = comb(pre, (xa[j, i], xb[j, i]))
+                h[chain, idx[j, i]] = yb
+                ap[chain, idx[j, i]] = ya
+                written[chain, idx[j, i]] += 1
+
+
+def rel(x, y):
+    return np.linalg.norm((x - y).ravel()) / np.linalg.norm(y.ravel())
+
+
+def inputs(rng, shape):
+    a = rng.uniform(0.6, 1.0, shape)
+    b = rng.standard_normal(shape)
+    return a, b
+
+
+def check_contiguous(broken, carry, reverse, vec, seed=0):
+    rng = np.random.default_rng(seed)
+    L = 64 * 4 * 5 + (0 if vec else 3)
+    a, b = inputs(rng, (3, L))
+    h0 = rng.standard_normal(3)
+    out = contiguous_mirror(a, b, h0, reverse, 64, 4, 4, carry, rng, broken)
+    h, ap, written = out
+    if not np.all(written == 1):
+        return False
+    rh, rp = reference(a[:, :, None], b[:, :, None], h0[:, None], reverse=reverse)
+    return rel(h, rh[:, :, 0]) < 1e-12 and rel(ap, rp[:, :, 0]) < 1e-12
+
+
+@pytest.mark.parametrize("carry", ["serial", "warp"])
+def test_contiguous_lookback_mirror(carry):
+    # first: each broken variant must be caught
+    assert not check_contiguous("swap_warp", carry, False, True), "swapped warp-scan operands not caught"
+    assert not check_contiguous("pred_off_by_one", carry, False, True, seed=1), "off-by-one predecessor not caught"
+    assert not check_contiguous("reverse_vec_order", carry, True, True), "reversed vector order not caught"
+    if carry == "warp":
+        assert not check_contiguous("swap_fold", carry, False, True, seed=2), "swapped window fold not caught"
+    # then the mirror itself, over reverse and vector / scalar paths
+    for reverse in (False, True):
+        for vec in (True, False):
+            assert check_contiguous(None, carry, reverse, vec, seed=3)
+
+
+# ----------------------------------------------------------------------------------------
+# strided_kernel: (outer, L, inner), CW = 32*SVEC channels x LC = NW*TPT steps per tile
+def strided_mirror(a, b, h0, reverse, svec, nw, tpt, rng, broken=None):
+    outer, L, inner = a.shape
+    cw, lc = 32 * svec, nw * tpt
+    nct = -(-inner // cw)
+    nchains, nchunks = outer * nct, -(-L // lc)
+    flat_a, flat_b = a.ravel(), b.ravel()
+    h = np.full(a.size, np.nan)
+    written = np.zeros(a.size, int)
+    st = Status(rng, lag=0.5)
+    for tid in range(nchains * nchunks):
+        chain, k = tid % nchains, tid // nchains
+        o, ct = chain // nct, chain % nct
+        xa = np.ones((nw, tpt, cw))
+        xb = np.zeros((nw, tpt, cw))
+        offs = np.full((nw, tpt, cw), -1)
+        for w in range(nw):
+            for i in range(tpt):
+                p = k * lc + w * tpt + i
+                q = L - 1 - p if reverse else p
+                for lane in range(32):
+                    c0 = ct * cw + lane * svec
+                    for e in range(svec):
+                        if p < L and c0 + e < inner:
+                            off = (o * L + q) * inner + c0 + e
+                            if broken == "stride_off_by_one":
+                                off = (o * L + q) * (inner - 1) + c0 + e
+                            offs[w, i, lane * svec + e] = off
+                            xa[w, i, lane * svec + e] = flat_a[off]
+                            xb[w, i, lane * svec + e] = flat_b[off]
+        for i in range(1, tpt):
+            xa[:, i], xb[:, i] = comb((xa[:, i - 1], xb[:, i - 1]), (xa[:, i], xb[:, i]))
+        s_agg = [(xa[w, -1], xb[w, -1]) for w in range(nw)]
+        t = s_agg[0]
+        for q in range(1, nw):
+            t = comb(t, s_agg[q])
+        excl_a, excl_b = np.ones(cw), np.zeros(cw)
+        for ch in range(cw):
+            c = ct * cw + ch
+            h0p = (1.0, h0[o, c]) if c < inner else ident()
+            rec_id = tid * cw + ch
+            tt = (t[0][ch], t[1][ch])
+            e = h0p
+            if k > 0:
+                st.publish(rec_id, AGG, tt)
+                if broken == "pred_off_by_one":
+                    rec = lambda cc, ch=ch: (cc * nchains + chain) * cw + ch if cc < k - 1 else (max(cc - 1, 0) * nchains + chain) * cw + ch
+                else:
+                    rec = lambda cc, ch=ch: (cc * nchains + chain) * cw + ch
+                e = lookback_serial(st, k, rec, h0p)
+            st.publish(rec_id, INC, comb(e, tt))
+            excl_a[ch], excl_b[ch] = e
+        for w in range(nw):
+            wp = (excl_a, excl_b)
+            for q in range(w):
+                wp = comb(s_agg[q], wp) if broken == "swap_block" else comb(wp, s_agg[q])
+            for i in range(tpt):
+                ya, yb = comb(wp, (xa[w, i], xb[w, i]))
+                m = offs[w, i] >= 0
+                h[offs[w, i][m]] = yb[m]
+                written[offs[w, i][m]] += 1
+    return h.reshape(a.shape), written.reshape(a.shape)
+
+
+def check_strided(broken, reverse, seed=0, inner=70, svec=4):
+    rng = np.random.default_rng(seed)
+    a, b = inputs(rng, (2, 45, inner))
+    h0 = rng.standard_normal((2, inner))
+    h, written = strided_mirror(a, b, h0, reverse, svec, 2, 3, rng, broken)
+    if not np.all(written == 1):
+        return False
+    rh, _ = reference(a, b, h0, reverse=reverse)
+    return rel(h, rh) < 1e-12
+
+
+def test_strided_mirror():
+    assert not check_strided("swap_block", False), "swapped block-prefix operands not caught"
+    assert not check_strided("pred_off_by_one", False, seed=1), "off-by-one predecessor not caught"
+    assert not check_strided("stride_off_by_one", False), "wrong stride not caught"
+    for reverse in (False, True):
+        for inner, svec in ((70, 4), (130, 2), (3, 4)):
+            assert check_strided(None, reverse, seed=4, inner=inner, svec=svec)
+
+
+# ----------------------------------------------------------------------------------------
+# blelloch_kernel: up-sweep / down-sweep over N = 2*THREADS in shared memory
+def blelloch_tile(xa, xb, broken=None):
+    n = len(xa)
+    s = [(xa[i], xb[i]) for i in range(n)]
+    x = list(s)
+    off = 1
+    d = n >> 1
+    while d > 0:
+        for tid in range(d):
+            ai, bi = off * (2 * tid + 1) - 1, off * (2 * tid + 2) - 1
+            s[bi] = comb(s[ai], s[bi])
+        off <<= 1
+        d >>= 1
+    s[n - 1] = (1.0, 0.0)
+    d = 1
+    while d < n:
+        off >>= 1
+        for tid in range(d):
+            ai, bi = off * (2 * tid + 1) - 1, off * (2 * tid + 2) - 1
+            t = s[ai]
+            s[ai] = s[bi]
+            s[bi] = comb(t, s[bi]) if broken == "swap_down" else comb(s[bi], t)
+        d <<= 1
+    return [comb(s[i], x[i]) for i in range(n)]
+
+
+# hillis_steele_kernel: shuffles in the warp, Kogge-Stone over warp totals (double buffer)
+def hillis_tile(xa, xb, broken=None):
+    threads = len(xa)
+    nw = threads // 32
+    out = []
+    tots = []
+    lanes = []
+    for w in range(nw):
+        ia, ib = warp_scan((xa[32 * w:32 * w + 32], xb[32 * w:32 * w + 32]))
+        lanes.append((ia, ib))
+        tots.append((ia[31], ib[31]))
+    cur = list(tots)
+    o = 1
+    while o < nw:
+        nxt = []
+        for tid in range(nw):
+            if tid >= o:
+                nxt.append(comb(cur[tid], cur[tid - o]) if broken == "swap_ks" else comb(cur[tid - o], cur[tid]))
+            else:
+                nxt.append(cur[tid])
+        cur = nxt
+        o <<= 1
+    for w in range(nw):
+        for l in range(32):
+            y = (lanes[w][0][l], lanes[w][1][l])
+            if w > 0:
+                y = comb(cur[w - 1], y)
+            out.append(y)
+    return out
+
+
+def tiled_three_pass(a, b, h0, tile, tile_scan, broken=None, carry_broken=None):
+    """Contiguous three-pass structure: reduce per tile, carry_scan (segments of the chain),
+    then the tile scan with its carry. Rows of a (outer, L)."""
+    outer, L = a.shape
+    nchunks = -(-L // tile)
+    h = np.empty_like(a)
+    for r in range(outer):
+        aggs = []
+        for k in range(nchunks):
+            acc = ident()
+            for p in range(k * tile, min(L, (k + 1) * tile)):
+                acc = comb(acc, (a[r, p], b[r, p]))
+            aggs.append(acc)
+        # carry_scan_kernel with THREADS segments
+        threads = 4
+        seg = -(-nchunks // threads)
+        segs = []
+        for t in range(threads):
+            acc = ident()
+            for m in range(t * seg, min(nchunks, t * seg + seg)):
+                acc = comb(acc, aggs[m])
+            segs.append(acc)
+        pre = []
+        acc = (1.0, h0[r])
+        for t in range(threads):
+            pre.append(acc)
+            acc = comb(acc, segs[t]) if carry_broken != "swap_carry" else comb(segs[t], acc)
+        carries = [None] * nchunks
+        for t in range(threads):
+            acc = pre[t]
+            for m in range(t * seg, min(nchunks, t * seg + seg)):
+                carries[m] = acc
+                acc = comb(acc, aggs[m])
+        for k in range(nchunks):
+            lo, hi = k * tile, min(L, (k + 1) * tile)
+            xa = np.ones(tile)
+            xb = np.zeros(tile)
+            xa[: hi - lo], xb[: hi - lo] = a[r, lo:hi], b[r, lo:hi]
+            ys = tile_scan(xa, xb, broken)
+            for i in range(hi - lo):
+                h[r, lo + i] = comb(carries[k], ys[i])[1]
+    return h
+
+
+@pytest.mark.parametrize("which", ["blelloch", "hillis_steele"])
+def test_tree_mirrors(which):
+    rng = np.random.default_rng(7)
+    a, b = inputs(rng, (2, 1000))
+    h0 = rng.standard_normal(2)
+    rh, _ = reference(a[:, :, None], b[:, :, None], h0[:, None])
+    rh = rh[:, :, 0]
+    fn, tile, bad = (blelloch_tile, 128, "swap_down") if which == "blelloch" else (hillis_tile, 128, "swap_ks")
+    assert rel(tiled_three_pass(a, b, h0, tile, fn, broken=bad), rh) > 1e-6, "swapped operands not caught"
+    assert rel(tiled_three_pass(a, b, h0, tile, fn, carry_broken="swap_carry"), rh) > 1e-6
+    assert rel(tiled_three_pass(a, b, h0, tile, fn), rh) < 1e-12
+
+
+def test_lookback_is_canonical():
+    """Whatever the visibility of the predecessors, the warp and serial look-backs return
+    bit-for-bit the serial left fold inc[k-1]: the basis of the determinism guarantee."""
+    rng = np.random.default_rng(11)
+    n = 200
+    aggs = [tuple(rng.uniform(0.5, 1.5, 2)) for _ in range(n)]
+    h0p = (1.0, 0.3)
+    inc = []
+    acc = h0p
+    for g in aggs:
+        acc = comb(acc, g)
+        inc.append(acc)
+    for lag in (0.0, 0.5, 0.95, 1.0):
+        for k in (1, 2, 33, 64, 65, 150, 199):
+            st = Status(rng, lag)
+            for m in range(k):
+                st.publish(m, AGG, aggs[m])
+                if rng.random() < 0.5:
+                    st.publish(m, INC, inc[m])
+            for fn in (lookback_serial, lookback_warp):
+                got = fn(st, k, lambda c: c, h0p)
+                assert got == inc[k - 1], (fn.__name__, lag, k)
+    # the broken window (one lane off) is not canonical
+    st = Status(rng, 1.0)
+    for m in range(64):
+        st.publish(m, AGG, aggs[m])
+    assert lookback_warp(st, 64, lambda c: c, h0p, broken="pred_off_by_one") != inc[63]
