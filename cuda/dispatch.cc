@@ -4,11 +4,19 @@
 namespace jss {
 
 int resolve_algorithm(const ScanProblem& p) {
-  // From the H200 measurements in docs/PERFORMANCE_CUDA.md: lookback_regs wins wherever a
-  // row fills its tiles; for short contiguous rows (L <= 512, e.g. 65536 x 256) the
-  // 256-element tiles of lookback_warp waste less and measured faster (1231 vs 1028 GB/s
-  // fp32, 590 vs 453 bf16). The strided layout always uses lookback_regs.
-  if (p.inner == 1 && p.L <= 512) return kLookbackWarp;
+  // From the H200 measurements in docs/PERFORMANCE_CUDA.md (section 4, CUDA events, fp32 /
+  // bf16, % of the 4240 GB/s copy):
+  //  * contiguous rows, outer >= 512: row_walk (one warp walks a row; no look-back).
+  //    4096x16384 86% (lookback_regs 51%), 12288x2048 90% (54%), 65536x256 91% (19%;
+  //    lookback_warp ~25%), 1024x65536 90% (51%), 512x131072 68% (52%).
+  //  * fewer rows: the look-back tile kernels as before (lookback_warp for L <= 512).
+  //  * strided: lookback_regs. strided_walk measured slower at every strided shape tried
+  //    ((4096, 24576): 68% vs 80%; (65536, 1024): 3% vs 61%), so auto never picks it.
+  if (p.inner == 1) {
+    if (p.outer >= 512) return kRowWalk;
+    if (p.L <= 512) return kLookbackWarp;
+    return kLookbackRegs;
+  }
   return kLookbackRegs;
 }
 

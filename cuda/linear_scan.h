@@ -18,7 +18,11 @@ enum Algorithm : int {
   kLookbackWarp = 4,
   kLookbackRegs = 5,
   kHillisSteele = 6,
-  kNumAlgorithms = 7,
+  kNumAlgorithms = 7,  // the named algorithms (what the FFI accepts)
+  // Internal kernels that only "auto" resolves to (no inter-block communication):
+  kRowWalk = 7,      // contiguous: one warp walks one whole row
+  kStridedWalk = 8,  // strided: one warp walks 32 (64 for 16-bit types) channels through L
+  kNumInternal = 9,
 };
 
 enum class DType { F32, F64, BF16, F16, C64 };

@@ -87,6 +87,8 @@ SHAPES = [
     ((300, 132), 0),       # strided, channels a multiple of the vector width
     ((2, 250, 130), 1),    # strided with an outer dimension, ragged channels
     ((4, 3, 70), 2),       # short rows
+    ((520, 64), 1),        # >= 512 rows: auto runs row_walk (16-byte vectors)
+    ((600, 37), 1),        # >= 512 rows, L not a multiple of the vector width: row_walk scalars
 ]
 
 

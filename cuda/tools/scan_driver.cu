@@ -28,7 +28,7 @@
   } while (0)
 
 static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
-                               "lookback_regs", "hillis_steele"};
+                               "lookback_regs", "hillis_steele", "row_walk", "strided_walk"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double urand() {
@@ -146,7 +146,9 @@ static int mode_check(bool quick, bool tiny = false) {
   std::vector<S> shapes = {{3, 5000, 1}, {2, 4099, 1}, {1, 20000, 1}, {2, 300, 132}, {1, 1000, 130}, {3, 7, 5}};
   if (quick) shapes = {{2, 5000, 1}, {1, 9001, 1}, {2, 300, 132}, {1, 200, 130}};
   if (tiny) shapes = {{2, 5000, 1}, {1, 300, 132}};
-  for (int algo = 0; algo < jss::kNumAlgorithms; ++algo)
+  // every named algorithm and the internal walk kernels (kRowWalk on a strided shape runs
+  // the strided walk and vice versa, so each walk kernel is checked in both layouts' list)
+  for (int algo = 0; algo < jss::kNumInternal; ++algo)
     for (auto s : shapes)
       for (int rev = 0; rev < 2; ++rev) {
         fails += !run_case<float>(s.o, s.L, s.i, rev, algo);
@@ -185,6 +187,10 @@ static int mode_determinism(int runs) {
       {"contiguous 256x65536", 256, 65536, 1, jss::kLookbackRegs},
       {"strided L=65536 C=1024", 1, 65536, 1024, jss::kLookbackRegs},
       {"contiguous 1x2^24 auto", 1, 1 << 24, 1, jss::kAuto},
+      {"contiguous 4096x4096", 4096, 4096, 1, jss::kRowWalk},
+      {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedWalk},
+      {"contiguous 4096x4096 auto", 4096, 4096, 1, jss::kAuto},
+      {"strided L=4096 C=24576 auto", 1, 4096, 24576, jss::kAuto},
   };
   int fails = 0;
   for (auto& c : cases) {
@@ -225,6 +231,7 @@ static int mode_big() {
   int fails = 0;
   struct B { const char* what; int64_t o, L, i; };
   std::vector<B> cases = {{"contiguous 1 x (2^31+2^20+3)", 1, (1ll << 31) + (1 << 20) + 3, 1},
+                          {"contiguous rows 2048 x (2^20+4)", 2048, (1 << 20) + 4, 1},
                           {"strided (L=2^17+1, C=16388) axis 0", 1, (1 << 17) + 1, 16388}};
   for (auto& c : cases) {
     const int64_t n = c.o * c.L * c.i;
@@ -241,9 +248,12 @@ static int mode_big() {
     CK(cudaDeviceSynchronize());
     // windows of steps t (per channel for the strided case)
     std::vector<int64_t> ts, chans;
-    if (c.i == 1) {
+    if (c.i == 1 && c.o == 1) {
       ts = {0, 5000, (1ll << 31) - 700, (1ll << 31) + 5, c.L - 600};
       chans = {0};
+    } else if (c.i == 1) {  // rows: "chans" are rows; row 2047 starts past 2^31
+      ts = {0, 5000, c.L - 600};
+      chans = {0, 1, c.o - 1};
     } else {
       ts = {0, c.L / 2, c.L - 500};
       chans = {0, 1, 4097, c.i - 1};
@@ -254,9 +264,10 @@ static int mode_big() {
         const int64_t lo = t0 >= 400 ? t0 - 400 : 0, hi = std::min<int64_t>(t0 + 500, c.L);
         const int64_t m = hi - lo;
         std::vector<float> va(m), vb(m), vh(m);
-        CK(cudaMemcpy2D(va.data(), 4, a + lo * c.i + ch, c.i * 4, 4, m, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy2D(vb.data(), 4, b + lo * c.i + ch, c.i * 4, 4, m, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy2D(vh.data(), 4, h + lo * c.i + ch, c.i * 4, 4, m, cudaMemcpyDeviceToHost));
+        const int64_t base = c.i == 1 ? ch * c.L + lo : lo * c.i + ch;
+        CK(cudaMemcpy2D(va.data(), 4, a + base, c.i * 4, 4, m, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy2D(vb.data(), 4, b + base, c.i * 4, 4, m, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy2D(vh.data(), 4, h + base, c.i * 4, 4, m, cudaMemcpyDeviceToHost));
         double st = 0;
         for (int64_t k = 0; k < m; ++k) {
           st = (double)va[k] * st + vb[k];

@@ -1,0 +1,243 @@
+// Side-by-side timing of kernel variants (not part of the package): the walk kernels at
+// several ring depths, the look-back kernels at other occupancies, and the dispatcher's
+// choice ("auto") vs the old default (lookback_regs). CUDA events, median of N launches,
+// inputs far larger than L2 (no rotation needed). GB/s count 12 B/element fp32, 6 bf16.
+//   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Icuda cuda/tools/variant_bench.cu \
+//        cuda/dispatch.cc -o variant_bench && ./variant_bench [ncu]
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "scan_kernels.cuh"
+JSS_DEFINE_DTYPE(f32, float)
+JSS_DEFINE_DTYPE(bf16, __nv_bfloat16)
+namespace jss {  // the other dtypes are not benchmarked here
+size_t scratch_bytes_f64(const ScanProblem&) { return 0; }
+size_t scratch_bytes_f16(const ScanProblem&) { return 0; }
+size_t scratch_bytes_c64(const ScanProblem&) { return 0; }
+cudaError_t launch_f64(const ScanProblem&, void*, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t launch_f16(const ScanProblem&, void*, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t launch_c64(const ScanProblem&, void*, cudaStream_t) { return cudaErrorNotSupported; }
+}  // namespace jss
+
+using namespace jss;
+#define CK(x)                                                                               \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+template <class T>
+__global__ void fill(T* a, T* b, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    uint64_t z = (uint64_t)i * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    float u1 = (z & 0xffffff) / float(1 << 24), u2 = ((z >> 24) & 0xffffff) / float(1 << 24);
+    a[i] = T(0.45f + 0.5f * u1);
+    b[i] = T(u2 - 0.5f);
+  }
+}
+
+static int g_reps = 15;
+static float time_ms(const std::function<void()>& f) {
+  cudaEvent_t s, e;
+  CK(cudaEventCreate(&s));
+  CK(cudaEventCreate(&e));
+  f();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ts;
+  for (int r = 0; r < g_reps; ++r) {
+    CK(cudaEventRecord(s));
+    f();
+    CK(cudaEventRecord(e));
+    CK(cudaEventSynchronize(e));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, s, e));
+    ts.push_back(ms);
+  }
+  CK(cudaGetLastError());
+  std::sort(ts.begin(), ts.end());
+  cudaEventDestroy(s);
+  cudaEventDestroy(e);
+  return ts[ts.size() / 2];
+}
+
+template <class T>
+struct Bufs {
+  T *a, *b, *h0, *h;
+  void* scratch;
+  size_t scratch_cap;
+};
+
+template <class T>
+Dev make_dev(const ScanProblem& p, const Plan& pl, void* scratch) {
+  using C = Config<T>;
+  Dev d{};
+  d.a = p.a; d.b = p.b; d.h0 = p.h0; d.h = p.h; d.aprod = p.aprod;
+  d.L = p.L; d.inner = p.inner; d.nchains = pl.nchains; d.nchunks = pl.nchunks; d.nct = pl.nct;
+  d.reverse = p.reverse;
+  char* base = static_cast<char*>(scratch);
+  d.counter = reinterpret_cast<unsigned*>(base);
+  d.status = base + 256;
+  d.nstatus = pl.nstatus;
+  d.carry = base + 256;
+  d.vec = pl.strided ? p.inner % C::SVEC == 0 : p.L % C::VEC == 0;
+  return d;
+}
+
+template <class T, int STAGES>
+void row_walk(const ScanProblem& p) {
+  ScanProblem q = p;
+  q.algorithm = kRowWalk;
+  Plan pl = make_plan<T>(q);
+  Dev d = make_dev<T>(q, pl, nullptr);
+  d.vec = p.L % (16 / sizeof(T)) == 0;
+  row_walk_kernel<T, STAGES><<<(unsigned)p.outer, 32, STAGES * 1024>>>(d);
+}
+template <class T, int STAGES, int K>
+void strided_walk(const ScanProblem& p) {
+  ScanProblem q = p;
+  q.algorithm = kStridedWalk;
+  Plan pl = make_plan<T>(q);
+  Dev d = make_dev<T>(q, pl, nullptr);
+  d.vec = p.inner % WalkCfg<T>::NCH == 0;
+  const size_t smem = size_t(STAGES) * K * 64 * WalkCfg<T>::VB;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(strided_walk_kernel<T, STAGES, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  strided_walk_kernel<T, STAGES, K><<<(unsigned)pl.nchains, 32, smem>>>(d);
+}
+// look-back kernels at another occupancy: tile 256 x 16 (f32) with MINB blocks/SM
+template <class T, int THREADS, int ITEMS, int MINB>
+void tile_lb(const ScanProblem& p, void* scratch) {
+  ScanProblem q = p;
+  q.algorithm = kLookbackRegs;
+  Plan pl = make_plan<T>(q);
+  pl.tile = THREADS * ITEMS;
+  pl.nchunks = (p.L + pl.tile - 1) / pl.tile;
+  pl.nstatus = pl.nchains * pl.nchunks;
+  Dev d = make_dev<T>(q, pl, scratch);
+  cudaMemsetAsync(scratch, 0, 256 + Status<typename Elem<T>::S>::reset_bytes(pl.nstatus));
+  tile_scan_kernel<T, THREADS, ITEMS, CARRY_LB_WARP, MINB><<<(unsigned)(pl.nchains * pl.nchunks), THREADS>>>(d);
+}
+template <class T, int TPT, int MINB>
+void strided_lb(const ScanProblem& p, void* scratch) {
+  using C = Config<T>;
+  ScanProblem q = p;
+  q.algorithm = kLookbackRegs;
+  Plan pl = make_plan<T>(q);
+  pl.nchunks = (p.L + 8 * TPT - 1) / (8 * TPT);
+  pl.nstatus = pl.nchains * pl.nchunks * C::CW;
+  Dev d = make_dev<T>(q, pl, scratch);
+  cudaMemsetAsync(scratch, 0, 256 + Status<typename Elem<T>::S>::reset_bytes(pl.nstatus));
+  strided_kernel<T, TPT, CARRY_LB_SERIAL, MINB><<<(unsigned)(pl.nchains * pl.nchunks), 256>>>(d);
+}
+
+template <class T>
+DType dt() { return sizeof(T) == 4 ? DType::F32 : DType::BF16; }
+
+struct Shape { const char* name; int64_t o, L, i; };
+
+template <class T>
+void run_shape(const Shape& s, double copy_gbps, bool ncu) {
+  const int64_t n = s.o * s.L * s.i;
+  const double bytes = 3.0 * sizeof(T) * n;
+  T *a, *b, *h0, *h, *ref;
+  CK(cudaMalloc(&a, n * sizeof(T))); CK(cudaMalloc(&b, n * sizeof(T)));
+  CK(cudaMalloc(&h, n * sizeof(T))); CK(cudaMalloc(&ref, n * sizeof(T)));
+  CK(cudaMalloc(&h0, s.o * s.i * sizeof(T) + 16));
+  fill<T><<<2048, 256>>>(a, b, n, 5);
+  CK(cudaMemset(h0, 0, s.o * s.i * sizeof(T)));
+  ScanProblem p;
+  p.a = a; p.b = b; p.h0 = h0; p.h = h; p.outer = s.o; p.L = s.L; p.inner = s.i;
+  // scratch big enough for any look-back variant here
+  size_t sb = 256 + (size_t)n / 16 * 16 + (1 << 20);
+  void* scratch; CK(cudaMalloc(&scratch, sb));
+  auto named = [&](int algo) {
+    return [&, algo]() {
+      ScanProblem q = p; q.algorithm = algo;
+      CK(launch_linear_scan(dt<T>(), q, scratch, 0));
+    };
+  };
+  std::vector<std::pair<std::string, std::function<void()>>> vs;
+  vs.push_back({"auto", named(kAuto)});
+  vs.push_back({"lookback_regs", named(kLookbackRegs)});
+  if (s.i == 1) {
+    vs.push_back({"row_walk_s4", [&] { row_walk<T, 4>(p); }});
+    vs.push_back({"row_walk_s6", [&] { row_walk<T, 6>(p); }});
+    vs.push_back({"row_walk_s8", [&] { row_walk<T, 8>(p); }});
+    vs.push_back({"row_walk_s12", [&] { row_walk<T, 12>(p); }});
+    vs.push_back({"tile_lb_256x16_minb3", [&] { tile_lb<T, 256, 64 / sizeof(T), 3>(p, scratch); }});
+    vs.push_back({"tile_lb_256x16_minb4", [&] { tile_lb<T, 256, 64 / sizeof(T), 4>(p, scratch); }});
+    vs.push_back({"tile_lb_512x16_minb2", [&] { tile_lb<T, 512, 64 / sizeof(T), 2>(p, scratch); }});
+  } else {
+    vs.push_back({"strided_walk_s8k4", [&] { strided_walk<T, 8, 4>(p); }});
+    vs.push_back({"strided_walk_s16k4", [&] { strided_walk<T, 16, 4>(p); }});
+    vs.push_back({"strided_walk_s8k8", [&] { strided_walk<T, 8, 8>(p); }});
+    vs.push_back({"strided_walk_s16k8", [&] { strided_walk<T, 16, 8>(p); }});
+    vs.push_back({"strided_lb_tpt4_minb3", [&] { strided_lb<T, 4, 3>(p, scratch); }});
+    vs.push_back({"strided_lb_tpt8_minb3", [&] { strided_lb<T, 8, 3>(p, scratch); }});
+  }
+  if (ncu) {  // one launch of each, for the profiler
+    for (auto& v : vs) v.second();
+    CK(cudaDeviceSynchronize());
+  } else {
+    // reference: lookback_regs; every variant must agree to rounding
+    named(kLookbackRegs)();
+    CK(cudaMemcpy(ref, h, n * sizeof(T), cudaMemcpyDeviceToDevice));
+    std::vector<T> hr(std::min<int64_t>(n, 1 << 22)), hv(hr.size());
+    CK(cudaMemcpy(hr.data(), ref, hr.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    std::printf("%-5s %-26s", sizeof(T) == 4 ? "f32" : "bf16", s.name);
+    for (auto& v : vs) {
+      CK(cudaMemset(h, 0xff, n * sizeof(T)));
+      float ms = time_ms(v.second);
+      CK(cudaMemcpy(hv.data(), h, hv.size() * sizeof(T), cudaMemcpyDeviceToHost));
+      double e = 0, r = 0;
+      for (size_t i = 0; i < hv.size(); ++i) {
+        double x = (double)(float)hv[i], y = (double)(float)hr[i];
+        e += (x - y) * (x - y); r += y * y;
+      }
+      const double rel = std::sqrt(e / (r + 1e-300));
+      const double gbps = bytes / (ms * 1e-3) / 1e9;
+      std::printf(" | %s %.0f (%.0f%%)%s", v.first.c_str(), gbps, 100 * gbps / copy_gbps,
+                  rel < (sizeof(T) == 4 ? 1e-5 : 1e-2) ? "" : " BAD");
+    }
+    std::printf("\n");
+    fflush(stdout);
+  }
+  cudaFree(a); cudaFree(b); cudaFree(h); cudaFree(ref); cudaFree(h0); cudaFree(scratch);
+}
+
+int main(int argc, char** argv) {
+  const bool ncu = argc > 1 && std::string(argv[1]) == "ncu";
+  double copy = 1;
+  if (!ncu) {
+    const size_t nb = size_t(1) << 30;
+    void *x, *y;
+    CK(cudaMalloc(&x, nb)); CK(cudaMalloc(&y, nb));
+    CK(cudaMemset(x, 1, nb));
+    float ms = time_ms([&] { CK(cudaMemcpyAsync(y, x, nb, cudaMemcpyDeviceToDevice)); });
+    copy = 2.0 * nb / (ms * 1e-3) / 1e9;
+    std::printf("copy ceiling %.0f GB/s\n", copy);
+    cudaFree(x); cudaFree(y);
+  }
+  std::vector<Shape> shapes = {
+      {"1 x 2^26", 1, 1 << 26, 1},          {"4096 x 16384", 4096, 16384, 1},
+      {"12288 x 2048", 12288, 2048, 1},      {"65536 x 256", 65536, 256, 1},
+      {"1024 x 65536", 1024, 65536, 1},      {"512 x 131072", 512, 131072, 1},
+      {"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024},
+      {"(1024, 1024) ax0", 1, 1024, 1024},   {"(16384, 4096) ax0", 1, 16384, 4096},
+      {"1 x 2^20", 1, 1 << 20, 1},
+  };
+  if (ncu) shapes = {{"4096 x 16384", 4096, 16384, 1}, {"(4096, 24576) ax0", 1, 4096, 24576},
+                     {"1 x 2^26", 1, 1 << 26, 1}};
+  for (auto& s : shapes) run_shape<float>(s, copy, ncu);
+  if (!ncu)
+    for (auto& s : shapes) run_shape<__nv_bfloat16>(s, copy, ncu);
+  return 0;
+}
