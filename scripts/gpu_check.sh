@@ -55,11 +55,12 @@ fi
 [[ -n "${BG:-}" ]] && wait $BG && echo "driver + cub built" || true
 (cd /tmp && $PY -c "import jax_selscan as j; print('has_cuda_kernels', j.has_cuda_kernels)")
 
+# the benchmark runs early so that a call cut short by its time limit still brings it back
 has driver && step driver 240 "$BIN/scan_driver" check
-has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider
+has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
 has determinism && step determinism 240 "$BIN/scan_driver" determinism 500
 has big && step big 300 "$BIN/scan_driver" big
-has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
+has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider
 if has sanitize; then
   for tool in memcheck racecheck synccheck; do
     TAIL=6 step "sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/scan_driver" tiny
