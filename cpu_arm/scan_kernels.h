@@ -74,7 +74,11 @@ struct Scan {
   static constexpr int kR = kVW;                // rows kernel: rows per group = steps per block
   // Strided kernel: vectors per tile, about 64 lanes (enough independent FMA
   // chains to cover latency x throughput, few enough to stay in registers).
-  static constexpr int kU = kLanes >= 16 ? 4 : (kLanes >= 4 ? 8 : 16);
+#ifdef JSS_STRIDED_U
+  static constexpr int kU = JSS_STRIDED_U;
+#else
+  static constexpr int kU = kLanes >= 16 ? 8 : (kLanes >= 8 ? 16 : 8);
+#endif
   static constexpr int kTile = kU * kVW;        // channels per tile
 
   // ---- arithmetic. `a` is prepared once per load: for complex numbers the
@@ -151,11 +155,13 @@ struct Scan {
     T* h = static_cast<T*>(t.h);
     T* p = static_cast<T*>(t.p);
     V hs[NV], ps[NV];
+    JSS_UNROLL
     for (int u = 0; u < NV; ++u)
       init_state(t, j0 + u * kVW, kPartial ? nch : kVW, &hs[u], &ps[u]);
     const int64_t step = t.reverse ? -t.ld : t.ld;
     int64_t off = (t.reverse ? (t.n - 1) * t.ld : 0) + j0;
     for (int64_t s = 0; s < t.n; ++s, off += step) {
+      JSS_UNROLL
       for (int u = 0; u < NV; ++u) {
         const int64_t o = off + u * kVW;
         V av, bv;
@@ -179,14 +185,67 @@ struct Scan {
         }
       }
     }
+    JSS_UNROLL
     for (int u = 0; u < NV; ++u)
       save_state(t, j0 + u * kVW, kPartial ? nch : kVW, hs[u], ps[u]);
+  }
+
+  // Wide blocks of up to kWide channels: the state lives in an L1-resident
+  // buffer instead of registers, so each step streams one contiguous 4 KiB
+  // run per array (what the hardware prefetchers follow best) rather than a
+  // narrow tile at a large stride. nch is a multiple of kVW.
+  static constexpr int kWideLanes = 4096 / int(sizeof(L));
+  static constexpr int64_t kWide = kWideLanes / kPer;
+  template <bool kOut, bool kProd>
+  static void strided_wide(const ScanTask& t, int64_t j0, int64_t nch) {
+    const T* a = static_cast<const T*>(t.a);
+    const T* b = static_cast<const T*>(t.b);
+    T* h = static_cast<T*>(t.h);
+    T* p = static_cast<T*>(t.p);
+    alignas(64) L hbuf[kWideLanes];
+    alignas(64) L pbuf[kProd ? kWideLanes : kLanes];
+    const int64_t nv = nch / kVW;
+    for (int64_t v = 0; v < nv; ++v) {
+      V hv, pv;
+      init_state(t, j0 + v * kVW, kVW, &hv, &pv);
+      simd::store(hbuf + v * kLanes, hv);
+      if constexpr (kProd) simd::store(pbuf + v * kLanes, pv);
+    }
+    const int64_t step = t.reverse ? -t.ld : t.ld;
+    int64_t off = (t.reverse ? (t.n - 1) * t.ld : 0) + j0;
+    for (int64_t s = 0; s < t.n; ++s, off += step) {
+      for (int64_t v = 0; v < nv; ++v) {
+        const int64_t o = off + v * kVW;
+        const PA pa = prep(VecIO<T>::load(a + o));
+        const V hv = advance(pa, simd::load(hbuf + v * kLanes), VecIO<T>::load(b + o));
+        simd::store(hbuf + v * kLanes, hv);
+        if constexpr (kOut) VecIO<T>::store(h + o, hv);
+        if constexpr (kProd) {
+          const V pv = times(pa, simd::load(pbuf + v * kLanes));
+          simd::store(pbuf + v * kLanes, pv);
+          if constexpr (kOut) VecIO<T>::store(p + o, pv);
+        }
+      }
+    }
+    for (int64_t v = 0; v < nv; ++v) {
+      save_state(t, j0 + v * kVW, kVW, simd::load(hbuf + v * kLanes),
+                 kProd ? simd::load(pbuf + v * kLanes) : simd::broadcast(L(1)));
+    }
   }
 
   template <bool kOut, bool kProd>
   static void strided_impl(const ScanTask& t) {
     int64_t j = 0;
     const int64_t c = t.count;
+#ifndef JSS_NO_WIDE
+    if (c >= 2 * kTile) {  // wide blocks, then the last < kVW channels below
+      for (; j + kVW <= c; j += kWide) {
+        const int64_t w = min64(kWide, (c - j) / kVW * kVW);
+        strided_wide<kOut, kProd>(t, j, w);
+        if (w < kWide) { j += w; break; }
+      }
+    }
+#endif
     for (; j + kTile <= c; j += kTile) strided_tile<kU, false, kOut, kProd>(t, j, kTile);
     for (; j + kVW <= c; j += kVW) strided_tile<1, false, kOut, kProd>(t, j, kVW);
     if (j < c) strided_tile<1, true, kOut, kProd>(t, j, c - j);
@@ -201,11 +260,13 @@ struct Scan {
   }
 
   // ===================================================================== rows
-  static void transpose_block(V* v) {
+  JSS_INLINE static void transpose_block(V* v) {
     if constexpr (kComplex) {  // one complex number = one 64-bit unit
       Vec<double> d[kR];
+      JSS_UNROLL
       for (int i = 0; i < kR; ++i) d[i] = simd::as_double(v[i]);
       simd::transpose(d);
+      JSS_UNROLL
       for (int i = 0; i < kR; ++i) v[i] = simd::as_float(d[i]);
     } else {
       simd::transpose(v);
@@ -214,9 +275,8 @@ struct Scan {
 
   // After the transpose va[k], vb[k] hold time step k of all rows.
   template <bool kProd>
-  static void walk(const V* va, const V* vb, V* vh, V* vp, V& h, V& p, bool reverse) {
-    for (int s = 0; s < kR; ++s) {
-      const int k = reverse ? kR - 1 - s : s;
+  JSS_INLINE static void walk(const V* va, const V* vb, V* vh, V* vp, V& h, V& p, bool reverse) {
+    auto one_step = [&](int k) {
       const PA pa = prep(va[k]);
       h = advance(pa, h, vb[k]);
       vh[k] = h;
@@ -224,57 +284,122 @@ struct Scan {
         p = times(pa, p);
         vp[k] = p;
       }
+    };
+    if (reverse) {
+      JSS_UNROLL
+      for (int k = kR - 1; k >= 0; --k) one_step(k);
+    } else {
+      JSS_UNROLL
+      for (int k = 0; k < kR; ++k) one_step(k);
     }
+  }
+
+  // Where the rows of a group are and how far they are staggered.
+  struct RowGroup {
+    const T* a;
+    const T* b;
+    T* h;
+    T* p;
+    int64_t row[kR];    // element offset of each row (rows past cnt repeat the last)
+    int64_t cnt;        // real rows
+    int64_t n, nfull, m;  // steps, full blocks, steps in the partial block
+    int64_t lag[kR];    // row r works on block j - lag[r] at virtual block j
+    bool reverse;
+  };
+
+  // Virtual block j: row r does its walk-order block b = j - lag[r]: a full
+  // block (b < nfull), the partial block (b == nfull), or the identity (no
+  // memory access) when b is outside the row. kAllFull: every row has a full
+  // block at j (the steady state), no per-row checks.
+  template <bool kOut, bool kProd, bool kAllFull>
+  JSS_INLINE static void rows_block(const RowGroup& g, int64_t j, V& hv, V& pv, V one) {
+    V va[kR], vb[kR], vh[kR], vp[kR];
+    int64_t t0[kR];
+    int kind[kR];  // 0 full, 1 partial, 2 identity
+    JSS_UNROLL
+    for (int r = 0; r < kR; ++r) {
+      const int64_t blk = j - g.lag[r];
+      if (kAllFull || (blk >= 0 && blk < g.nfull)) {
+        kind[r] = 0;
+        t0[r] = g.reverse ? g.n - (blk + 1) * kR : blk * kR;
+        va[r] = VecIO<T>::load(g.a + g.row[r] + t0[r]);
+        vb[r] = VecIO<T>::load(g.b + g.row[r] + t0[r]);
+      } else if (blk == g.nfull && g.m > 0) {  // [n-m, n) forward, [0, m) reverse
+        kind[r] = 1;
+        t0[r] = g.reverse ? 0 : g.n - g.m;
+        va[r] = load_part(g.a + g.row[r] + t0[r], g.m, true);
+        vb[r] = load_part(g.b + g.row[r] + t0[r], g.m, false);
+      } else {
+        kind[r] = 2;
+        t0[r] = 0;
+        va[r] = one;
+        vb[r] = simd::broadcast(L(0));
+      }
+    }
+    transpose_block(va);
+    transpose_block(vb);
+    walk<kProd>(va, vb, vh, vp, hv, pv, g.reverse);  // identity steps leave the state as is
+    if constexpr (kOut) {
+      transpose_block(vh);
+      if constexpr (kProd) transpose_block(vp);
+      JSS_UNROLL
+      for (int r = 0; r < kR; ++r) {
+        if (r >= g.cnt) break;
+        if (kAllFull || kind[r] == 0) {
+          VecIO<T>::store(g.h + g.row[r] + t0[r], vh[r]);
+          if constexpr (kProd) VecIO<T>::store(g.p + g.row[r] + t0[r], vp[r]);
+        } else if (kind[r] == 1) {
+          store_part(g.h + g.row[r] + t0[r], g.m, vh[r]);
+          if constexpr (kProd) store_part(g.p + g.row[r] + t0[r], g.m, vp[r]);
+        }
+      }
+    }
+  }
+
+  // Rows whose stride is (nearly) a multiple of 4 KiB land in the same L1 set
+  // at the same time step: kR rows x 3 arrays overflow the set's ways and
+  // L = 4096 runs ~2x slower than L = 4112. Staggering rows by whole cache
+  // lines spreads them over sets, at the cost of a ramp of identity blocks.
+  static int64_t stagger_lines(const ScanTask& t, int64_t nfull) {
+    constexpr int64_t kBlockBytes = int64_t(kVW) * int64_t(sizeof(T));
+    constexpr int64_t kUnit = kBlockBytes >= 64 ? 1 : 64 / kBlockBytes;  // blocks per line
+    constexpr int64_t kSpread = kR < 8 ? kR : 8;                         // distinct lags
+    int64_t d = (t.seq_stride * int64_t(sizeof(T))) % 4096;
+    if (d < 0) d += 4096;
+    d = d < 4096 - d ? d : 4096 - d;
+    const int64_t ramp = (kSpread - 1) * kUnit;
+    return (d < 32 && nfull >= 4 * ramp) ? kUnit : 0;
   }
 
   template <bool kOut, bool kProd>
   static void rows_group(const ScanTask& t, int64_t i0, int64_t cnt) {
-    const T* a = static_cast<const T*>(t.a);
-    const T* b = static_cast<const T*>(t.b);
-    T* h = static_cast<T*>(t.h);
-    T* p = static_cast<T*>(t.p);
-    int64_t row[kR];
-    for (int r = 0; r < kR; ++r) row[r] = (i0 + min64(r, cnt - 1)) * t.seq_stride;
+    RowGroup g;
+    g.a = static_cast<const T*>(t.a);
+    g.b = static_cast<const T*>(t.b);
+    g.h = static_cast<T*>(t.h);
+    g.p = static_cast<T*>(t.p);
+    g.cnt = cnt;
+    g.n = t.n;
+    g.nfull = t.n / kR;
+    g.m = t.n % kR;
+    g.reverse = t.reverse;
+    const int64_t unit = stagger_lines(t, g.nfull);
+    int64_t max_lag = 0;
+    for (int r = 0; r < kR; ++r) {
+      g.row[r] = (i0 + min64(r, cnt - 1)) * t.seq_stride;
+      g.lag[r] = unit * (r % 8);
+      max_lag = g.lag[r] > max_lag ? g.lag[r] : max_lag;
+    }
+    alignas(64) L ones[kLanes];
+    for (int i = 0; i < kLanes; ++i) ones[i] = one_lane(i);
+    const V one = simd::load(ones);
     V hv, pv;
     init_state(t, i0, cnt, &hv, &pv);
-    const int64_t n = t.n, nblocks = n / kR, m = n % kR;
-    V va[kR], vb[kR], vh[kR], vp[kR];
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-      const int64_t t0 = t.reverse ? n - (blk + 1) * kR : blk * kR;
-      for (int r = 0; r < kR; ++r) {
-        va[r] = VecIO<T>::load(a + row[r] + t0);
-        vb[r] = VecIO<T>::load(b + row[r] + t0);
-      }
-      transpose_block(va);
-      transpose_block(vb);
-      walk<kProd>(va, vb, vh, vp, hv, pv, t.reverse);
-      if constexpr (kOut) {
-        transpose_block(vh);
-        for (int r = 0; r < cnt; ++r) VecIO<T>::store(h + row[r] + t0, vh[r]);
-        if constexpr (kProd) {
-          transpose_block(vp);
-          for (int r = 0; r < cnt; ++r) VecIO<T>::store(p + row[r] + t0, vp[r]);
-        }
-      }
-    }
-    if (m > 0) {  // the last m steps in walk order: [n-m, n) forward, [0, m) reverse
-      const int64_t t0 = t.reverse ? 0 : n - m;
-      for (int r = 0; r < kR; ++r) {
-        va[r] = load_part(a + row[r] + t0, m, true);
-        vb[r] = load_part(b + row[r] + t0, m, false);
-      }
-      transpose_block(va);
-      transpose_block(vb);
-      walk<kProd>(va, vb, vh, vp, hv, pv, t.reverse);  // padded steps are no-ops
-      if constexpr (kOut) {
-        transpose_block(vh);
-        for (int r = 0; r < cnt; ++r) store_part(h + row[r] + t0, m, vh[r]);
-        if constexpr (kProd) {
-          transpose_block(vp);
-          for (int r = 0; r < cnt; ++r) store_part(p + row[r] + t0, m, vp[r]);
-        }
-      }
-    }
+    const int64_t nvirt = g.nfull + (g.m > 0 ? 1 : 0) + max_lag;
+    int64_t j = 0;
+    for (; j < max_lag && j < nvirt; ++j) rows_block<kOut, kProd, false>(g, j, hv, pv, one);
+    for (; j < g.nfull; ++j) rows_block<kOut, kProd, true>(g, j, hv, pv, one);
+    for (; j < nvirt; ++j) rows_block<kOut, kProd, false>(g, j, hv, pv, one);
     save_state(t, i0, cnt, hv, pv);
   }
 

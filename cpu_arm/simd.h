@@ -39,6 +39,22 @@
 #define JSS_SIMD_BACKEND_GENERIC 1
 #endif
 
+// Fixed-trip-count loops over registers must be unrolled, or the compiler
+// keeps the "registers" in a stack array and every dependency chain goes
+// through store-to-load forwarding.
+#if defined(__clang__)
+#define JSS_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define JSS_UNROLL _Pragma("GCC unroll 32")
+#else
+#define JSS_UNROLL
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#define JSS_INLINE inline __attribute__((always_inline))
+#else
+#define JSS_INLINE inline
+#endif
+
 namespace jax_selscan {
 namespace {
 namespace simd {
@@ -102,18 +118,21 @@ inline void store_f16(uint16_t* p, VF x) {
 
 // 16x16: unpack pairs of rows, then 4-row groups inside 128-bit lanes, then
 // gather the 128-bit lanes of four groups.
-inline void transpose(VF* r) {
+JSS_INLINE void transpose(VF* r) {
   __m512 t[16], u[16];
+  JSS_UNROLL
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
   }
+  JSS_UNROLL
   for (int i = 0; i < 4; ++i) {
     u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
     u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
     u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
     u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
   }
+  JSS_UNROLL
   for (int k = 0; k < 4; ++k) {
     __m512 v0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);
     __m512 w0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xDD);
@@ -125,12 +144,14 @@ inline void transpose(VF* r) {
     r[12 + k].v = _mm512_shuffle_f32x4(w0, w1, 0xDD);
   }
 }
-inline void transpose(VD* r) {
+JSS_INLINE void transpose(VD* r) {
   __m512d t[8];
+  JSS_UNROLL
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm512_unpacklo_pd(r[2 * i].v, r[2 * i + 1].v);
     t[2 * i + 1] = _mm512_unpackhi_pd(r[2 * i].v, r[2 * i + 1].v);
   }
+  JSS_UNROLL
   for (int k = 0; k < 2; ++k) {
     __m512d v0 = _mm512_shuffle_f64x2(t[k], t[2 + k], 0x88);
     __m512d w0 = _mm512_shuffle_f64x2(t[k], t[2 + k], 0xDD);
@@ -199,24 +220,27 @@ inline void store_f16(uint16_t* p, VF x) {
                    _mm256_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-inline void transpose(VF* r) {
+JSS_INLINE void transpose(VF* r) {
   __m256 t[8], u[8];
+  JSS_UNROLL
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
     t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
   }
+  JSS_UNROLL
   for (int i = 0; i < 2; ++i) {
     u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
     u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
     u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
     u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
   }
+  JSS_UNROLL
   for (int k = 0; k < 4; ++k) {
     r[k].v = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
     r[4 + k].v = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
   }
 }
-inline void transpose(VD* r) {
+JSS_INLINE void transpose(VD* r) {
   __m256d t0 = _mm256_unpacklo_pd(r[0].v, r[1].v), t1 = _mm256_unpackhi_pd(r[0].v, r[1].v);
   __m256d t2 = _mm256_unpacklo_pd(r[2].v, r[3].v), t3 = _mm256_unpackhi_pd(r[2].v, r[3].v);
   r[0].v = _mm256_permute2f128_pd(t0, t2, 0x20);
@@ -275,7 +299,7 @@ inline VF load_f16(const uint16_t* p) {
 }
 inline void store_f16(uint16_t* p, VF x) { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(x.v))); }
 
-inline void transpose(VF* r) {
+JSS_INLINE void transpose(VF* r) {
   float32x4_t t0 = vtrn1q_f32(r[0].v, r[1].v), t1 = vtrn2q_f32(r[0].v, r[1].v);
   float32x4_t t2 = vtrn1q_f32(r[2].v, r[3].v), t3 = vtrn2q_f32(r[2].v, r[3].v);
   auto d = [](float32x4_t x) { return vreinterpretq_f64_f32(x); };
@@ -285,7 +309,7 @@ inline void transpose(VF* r) {
   r[2].v = f(vtrn2q_f64(d(t0), d(t2)));
   r[3].v = f(vtrn2q_f64(d(t1), d(t3)));
 }
-inline void transpose(VD* r) {
+JSS_INLINE void transpose(VD* r) {
   float64x2_t t0 = vtrn1q_f64(r[0].v, r[1].v), t1 = vtrn2q_f64(r[0].v, r[1].v);
   r[0].v = t0;
   r[1].v = t1;
@@ -309,7 +333,7 @@ using VD = Vec<double>;
   inline V add(V a, V b) { V r; for (int i = 0; i < V::kLanes; ++i) r.v[i] = a.v[i] + b.v[i]; return r; } \
   inline V mul(V a, V b) { V r; for (int i = 0; i < V::kLanes; ++i) r.v[i] = a.v[i] * b.v[i]; return r; } \
   inline V fma(V a, V b, V c) { V r; for (int i = 0; i < V::kLanes; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i]; return r; } \
-  inline void transpose(V* r) {                                                        \
+  JSS_INLINE void transpose(V* r) {                                                        \
     for (int i = 0; i < V::kLanes; ++i)                                                \
       for (int j = i + 1; j < V::kLanes; ++j) {                                        \
         L t = r[i].v[j]; r[i].v[j] = r[j].v[i]; r[j].v[i] = t;                         \
