@@ -1,15 +1,31 @@
-"""python -m jax_selscan.bench: time linear_scan against jax.lax.associative_scan here.
+"""python -m jax_selscan.bench: benchmark jax_selscan on this machine's default JAX backend.
 
-Measures, in one run on the default backend: an elementwise pass over the same
-arrays (the memory ceiling, 12 bytes/element like the scan), jax_selscan's
-linear_scan, and lax.associative_scan with the same combine; medians over repeats.
-Prints a table and writes JSON (--out).
+In one run:
+  * copy bandwidth: a jitted elementwise pass (y = x + 1) over a large float32 array
+    (bytes read + written per second), the ceiling every scan below is compared with;
+  * linear_scan vs jax.lax.associative_scan (same affine combine), float32, scanned axis
+    contiguous ("rows") and strided ("strided"), over a sweep of sizes; GB/s counts the
+    minimal traffic (read a and b, write h: 12 bytes per element);
+  * selective_scan vs selective_scan_ref (both jitted), forward and forward+backward, at
+    Mamba-like shapes (batch, D, L, N) with z, D, delta_bias, softplus and
+    time-varying B, C; GB/s counts the minimal traffic of a fused kernel (forward:
+    read u, delta, z, B, C, write out);
+  * mamba_ssm's selective_scan_fn (PyTorch, CUDA) at the same shapes when it is importable
+    and a CUDA device is visible (skipped otherwise).
+Times are medians over repeats after a warm-up call. Prints tables, writes JSON (--out)
+and, when matplotlib is installed, a PNG plot (--png).
+
+    python -m jax_selscan.bench            # default sweep for this backend (minutes)
+    python -m jax_selscan.bench --quick    # tiny sizes (seconds): checks that it all runs
+    python -m jax_selscan.bench --full     # the full sweep (longer, larger)
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -19,89 +35,485 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from . import affine_combine, linear_scan
+from . import __version__, affine_combine, linear_scan, selective_scan, selective_scan_ref
 from . import _ffi
 
-# (name, shape, axis): rows = scanned axis contiguous; strided = channels contiguous.
-QUICK = [("rows 64x1024", (64, 1024), 1), ("strided 1024x64", (1024, 64), 0)]
-FULL = [
-    ("rows 4096x4096", (4096, 4096), 1),
-    ("strided L4096xC4096", (4096, 4096), 0),
-    ("rows 12288x2048", (12288, 2048), 1),
-    ("1 row x 2^22", (1, 2**22), 1),
-    ("strided L65536xC256", (65536, 256), 0),
-]
+SCHEMA = 2
+
+# --- sizes per backend and mode --------------------------------------------------------------
+# linear_scan cases: (layout, channels, length); rows = (C, L) scanning axis 1 (contiguous),
+# strided = (L, C) scanning axis 0. selective_scan cases: (batch, D, L, N).
+SIZES = {
+    "quick": {
+        "copy_elems": 1 << 20,
+        "linear_scan": [("rows", 64, 1024), ("strided", 64, 1024)],
+        "selective_scan": [(1, 32, 128, 4)],
+    },
+    "cpu": {
+        "copy_elems": 1 << 24,
+        "linear_scan": [(lay, c, l) for lay in ("rows", "strided")
+                        for c, l in ((256, 1024), (256, 8192), (16, 1 << 16))],
+        "selective_scan": [(2, 128, 512, 16), (2, 256, 1024, 16)],
+    },
+    "cpu_full": {
+        "copy_elems": 1 << 26,
+        "linear_scan": [(lay, c, l) for lay in ("rows", "strided")
+                        for c, l in ((256, 1024), (256, 8192), (1024, 8192), (16, 1 << 16),
+                                     (1, 1 << 22))],
+        "selective_scan": [(2, 128, 512, 16), (2, 256, 1024, 16), (4, 512, 2048, 16)],
+    },
+    "gpu": {
+        "copy_elems": 1 << 28,
+        "linear_scan": [(lay, c, l) for lay in ("rows", "strided")
+                        for c, l in ((4096, 4096), (2048, 12288), (256, 1 << 16))],
+        "selective_scan": [(8, 1536, 2048, 16), (4, 2048, 4096, 16)],
+    },
+    "gpu_full": {
+        "copy_elems": 1 << 28,
+        "linear_scan": [(lay, c, l) for lay in ("rows", "strided")
+                        for c, l in ((1024, 1024), (4096, 4096), (2048, 12288), (256, 1 << 16),
+                                     (1, 1 << 22), (16384, 4096))],
+        "selective_scan": [(8, 768, 1024, 16), (8, 1536, 2048, 16), (4, 2048, 4096, 16),
+                           (2, 2560, 8192, 16)],
+    },
+}
 
 
-def median_time(fn, *args, repeats):
-    jax.block_until_ready(fn(*args))  # compile + warm up
+# --- progress bar (stderr; no dependency) ----------------------------------------------------
+
+class Progress:
+    def __init__(self, total, enabled=True, width=28):
+        self.total, self.done, self.width = max(total, 1), 0, width
+        self.enabled = enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+
+    def step(self, label):
+        """Show `label` as the item now running (the bar shows the items finished)."""
+        if not self.enabled:
+            return
+        frac = self.done / self.total
+        fill = int(round(frac * self.width))
+        bar = "#" * fill + "." * (self.width - fill)
+        line = (f"[{bar}] {self.done:3d}/{self.total} {time.perf_counter() - self.t0:6.1f}s "
+                f"{label}")
+        if self.tty:
+            sys.stderr.write("\r" + line[:150].ljust(150))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        self.done += 1
+
+    def close(self):
+        if self.enabled:
+            self.done = self.total
+            self.step("done")
+            if self.tty:
+                sys.stderr.write("\n")
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+def median_time(fn, *args, repeats, min_time=0.0):
+    """Median seconds of fn(*args) after a warm-up (compile) call; at least `repeats`
+    calls, more (up to 1000) until `min_time` seconds have been spent timing."""
+    jax.block_until_ready(fn(*args))
     times = []
-    for _ in range(repeats):
+    start = time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - start < min_time and len(times) < 1000):
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
 
-def bench_linear_scan(cases, repeats, dtype=jnp.float32, progress=True):
+def _try(fn, *args, **kw):
+    """median_time, or the error message (an out-of-memory on the reference, say)."""
+    try:
+        return median_time(fn, *args, **kw), None
+    except Exception as e:  # noqa: BLE001 -- reported in the table and the JSON
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return None, msg
+
+
+# --- the measurements --------------------------------------------------------------------------
+
+def copy_bandwidth(n, repeats, min_time):
+    x = jax.random.normal(jax.random.PRNGKey(123), (n,), jnp.float32)
+    t = median_time(jax.jit(lambda x: x + 1.0), x, repeats=repeats, min_time=min_time)
+    nbytes = 2 * x.size * 4
+    return {"elements": n, "bytes": nbytes, "ms": t * 1e3, "GBps": nbytes / t / 1e9}
+
+
+def bench_linear_scan(cases, repeats, min_time, copy_gbps, progress):
     rows = []
-    for i, (name, shape, axis) in enumerate(cases):
-        if progress:
-            print(f"[{i + 1}/{len(cases)}] {name} ...", file=sys.stderr, flush=True)
+    for i, (layout, channels, length) in enumerate(cases):
+        shape, axis = ((channels, length), 1) if layout == "rows" else ((length, channels), 0)
+        name = f"{layout} C={channels} L={length}"
         key_a, key_b = jax.random.split(jax.random.PRNGKey(i))
-        a = jax.random.uniform(key_a, shape, dtype, 0.5, 1.0)
-        b = jax.random.normal(key_b, shape, dtype)
-        nbytes = 3 * a.size * a.dtype.itemsize  # read a and b, write h
+        a = jax.random.uniform(key_a, shape, jnp.float32, 0.5, 1.0)
+        b = jax.random.normal(key_b, shape, jnp.float32)
+        nbytes = 3 * a.size * 4
         fns = {
-            "elementwise": jax.jit(lambda a, b: a * b),
             "jax_selscan": jax.jit(lambda a, b: linear_scan(a, b, axis=axis)),
             "lax.associative_scan": jax.jit(
                 lambda a, b: jax.lax.associative_scan(affine_combine, (a, b), axis=axis)[1]),
         }
-        t = {k: median_time(f, a, b, repeats=repeats) for k, f in fns.items()}
+        ms, errors = {}, {}
+        for impl, f in fns.items():
+            progress.step(f"linear_scan {name}: {impl}")
+            t, err = _try(f, a, b, repeats=repeats, min_time=min_time)
+            ms[impl] = None if t is None else t * 1e3
+            if err:
+                errors[impl] = err
+        ours, lax_ms = ms["jax_selscan"], ms["lax.associative_scan"]
+        gbps = {k: (nbytes / (v / 1e3) / 1e9 if v else None) for k, v in ms.items()}
         rows.append({
-            "case": name, "shape": list(shape), "axis": axis, "dtype": jnp.dtype(dtype).name,
-            "ms": {k: v * 1e3 for k, v in t.items()},
-            "GBps": {k: nbytes / v / 1e9 for k, v in t.items()},
-            "fraction_of_elementwise": t["elementwise"] / t["jax_selscan"],
-            "speedup_vs_associative_scan": t["lax.associative_scan"] / t["jax_selscan"],
+            "case": name, "layout": layout, "shape": list(shape), "axis": axis,
+            "dtype": "float32", "bytes": nbytes, "ms": ms, "GBps": gbps,
+            "fraction_of_copy": {k: (v / copy_gbps if v else None) for k, v in gbps.items()},
+            "speedup_vs_associative_scan": (lax_ms / ours if ours and lax_ms else None),
+            "errors": errors,
         })
     return rows
 
 
-def _commit():
+def _selective_inputs(batch, dim, length, dstate, seed=0):
+    k = jax.random.split(jax.random.PRNGKey(seed), 8)
+    f32 = jnp.float32
+    return dict(
+        u=jax.random.normal(k[0], (batch, dim, length), f32),
+        delta=jax.random.normal(k[1], (batch, dim, length), f32) * 0.5 - 1.0,
+        A=-jnp.exp(jax.random.normal(k[2], (dim, dstate), f32) * 0.5),
+        B=jax.random.normal(k[3], (batch, dstate, length), f32),
+        C=jax.random.normal(k[4], (batch, dstate, length), f32),
+        D=jax.random.normal(k[5], (dim,), f32),
+        z=jax.random.normal(k[6], (batch, dim, length), f32),
+        delta_bias=jax.random.normal(k[7], (dim,), f32) * 0.1,
+    )
+
+
+def _selective_fns(scan):
+    names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+
+    def fwd(*xs):
+        return scan(*xs[:5], D=xs[5], z=xs[6], delta_bias=xs[7], delta_softplus=True)
+
+    def loss(*xs):
+        return jnp.sum(fwd(*xs) * xs[-1])          # last arg: the output cotangent
+
+    grad = jax.grad(loss, argnums=tuple(range(len(names))))
+    return jax.jit(fwd), jax.jit(grad), names
+
+
+def selective_scan_bytes(batch, dim, length, dstate, itemsize=4):
+    """Minimal traffic of a fused kernel: forward reads u, delta, z, B, C and writes out
+    (small D/N-sized arrays ignored); backward additionally reads them and dout and
+    writes du, ddelta, dz, dB, dC."""
+    bdl, bnl = batch * dim * length, batch * dstate * length
+    fwd = (4 * bdl + 2 * bnl) * itemsize
+    bwd = (4 * bdl + 2 * bnl + 3 * bdl + 2 * bnl) * itemsize
+    return fwd, fwd + bwd
+
+
+def _mamba_ssm_available():
+    if importlib.util.find_spec("mamba_ssm") is None or importlib.util.find_spec("torch") is None:
+        return False, "mamba_ssm not importable"
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:
-        return "unknown"
+        import torch
+        if not torch.cuda.is_available():
+            return False, "torch sees no CUDA device"
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return False, f"mamba_ssm import failed: {type(e).__name__}: {e}"
+    return True, None
+
+
+def _mamba_ssm_times(inputs, repeats):
+    """(forward ms, forward+backward ms) of mamba_ssm's selective_scan_fn, CUDA events."""
+    import torch
+    from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+    t = {k: torch.from_dlpack(np.asarray(v).copy()).cuda() for k, v in inputs.items()}
+    grads = {k: v.clone().requires_grad_(True) for k, v in t.items()}
+    dout = torch.randn_like(t["u"])
+
+    def fwd(x):
+        return selective_scan_fn(x["u"], x["delta"], x["A"], x["B"], x["C"], x["D"], z=x["z"],
+                                 delta_bias=x["delta_bias"], delta_softplus=True)
+
+    def fwd_bwd():
+        out = fwd(grads)
+        torch.autograd.grad(out, list(grads.values()), dout)
+
+    res = []
+    for f in (lambda: fwd(t), fwd_bwd):
+        with torch.no_grad() if f is not fwd_bwd else torch.enable_grad():
+            f()
+            torch.cuda.synchronize()
+            ms = []
+            for _ in range(repeats):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                f()
+                e.record()
+                torch.cuda.synchronize()
+                ms.append(s.elapsed_time(e))
+        res.append(float(np.median(ms)))
+    return res
+
+
+def bench_selective_scan(cases, repeats, min_time, copy_gbps, progress, with_mamba_ssm):
+    rows = []
+    ours_fwd, ours_grad, _ = _selective_fns(selective_scan)
+    ref_fwd, ref_grad, _ = _selective_fns(selective_scan_ref)
+    for i, (batch, dim, length, dstate) in enumerate(cases):
+        inputs = _selective_inputs(batch, dim, length, dstate, seed=100 + i)
+        args = list(inputs.values())
+        dout = jax.random.normal(jax.random.PRNGKey(7 + i), (batch, dim, length), jnp.float32)
+        fwd_bytes, total_bytes = selective_scan_bytes(batch, dim, length, dstate)
+        name = f"b={batch} D={dim} L={length} N={dstate}"
+        ms, errors = {}, {}
+        for key, f, xs in (("ours_fwd", ours_fwd, args), ("ref_fwd", ref_fwd, args),
+                           ("ours_fwd_bwd", ours_grad, args + [dout]),
+                           ("ref_fwd_bwd", ref_grad, args + [dout])):
+            progress.step(f"selective_scan {name}: {key}")
+            t, err = _try(f, *xs, repeats=repeats, min_time=min_time)
+            ms[key] = None if t is None else t * 1e3
+            if err:
+                errors[key] = err
+        if with_mamba_ssm:
+            progress.step(f"selective_scan {name}: mamba_ssm")
+            try:
+                ms["mamba_ssm_fwd"], ms["mamba_ssm_fwd_bwd"] = _mamba_ssm_times(inputs, repeats)
+            except Exception as e:  # noqa: BLE001
+                errors["mamba_ssm"] = f"{type(e).__name__}: {e}"[:200]
+        gbps = {k: ((fwd_bytes if k.endswith("_fwd") else total_bytes) / (v / 1e3) / 1e9
+                    if v else None) for k, v in ms.items()}
+        sp = lambda a, b: (ms[a] / ms[b] if ms.get(a) and ms.get(b) else None)
+        rows.append({
+            "case": name, "batch": batch, "D": dim, "L": length, "N": dstate, "dtype": "float32",
+            "options": "z, D, delta_bias, delta_softplus, B/C (batch, N, L)",
+            "bytes_fwd": fwd_bytes, "bytes_fwd_bwd": total_bytes, "ms": ms, "GBps": gbps,
+            "fraction_of_copy": {k: (v / copy_gbps if v else None) for k, v in gbps.items()},
+            "speedup_vs_ref": {"fwd": sp("ref_fwd", "ours_fwd"),
+                               "fwd_bwd": sp("ref_fwd_bwd", "ours_fwd_bwd")},
+            "speedup_vs_mamba_ssm": {"fwd": sp("mamba_ssm_fwd", "ours_fwd"),
+                                     "fwd_bwd": sp("mamba_ssm_fwd_bwd", "ours_fwd_bwd")},
+            "errors": errors,
+        })
+    return rows
+
+
+# --- machine description -------------------------------------------------------------------------
+
+def _git_commit():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, check=True, timeout=10).stdout.strip()
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=here,
+                             capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        if os.path.realpath(os.path.join(top, "jax_selscan")) != os.path.realpath(here):
+            return None                     # an installed copy inside some other repository
+        return sha
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info():
+    devs = jax.devices()
+    info = {
+        "backend": jax.default_backend(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "devices": [getattr(d, "device_kind", str(d)) for d in devs],
+        "device_count": len(devs),
+    }
+    if info["backend"] != "cpu":
+        info["gpu_name"] = getattr(devs[0], "device_kind", str(devs[0]))
+    return info
+
+
+def describe(info):
+    if info["backend"] == "cpu":
+        return f"CPU: {info['cpu_model']} ({info['cpu_cores']} cores)"
+    return f"{info['backend'].upper()}: {info['gpu_name']} (x{info['device_count']})"
+
+
+# --- output ------------------------------------------------------------------------------------
+
+def _f(x, fmt):
+    return "-" if x is None else format(x, fmt)
+
+
+def print_tables(result, file=sys.stdout):
+    p = lambda *a: print(*a, file=file)
+    m = result["machine"]
+    p(f"\njax_selscan {result['jax_selscan']} | jax {result['jax']} | {describe(m)} | "
+      f"kernels: cpu={result['kernels']['cpu']} cuda={result['kernels']['cuda']} | "
+      f"commit {result['commit'] or 'unknown'}")
+    c = result["copy"]
+    p(f"copy bandwidth (y = x + 1, {c['elements']} float32): {c['GBps']:.1f} GB/s")
+    p("\nlinear_scan (float32), median ms; GB/s = 12 bytes/element; % copy = GB/s / copy GB/s")
+    p(f"{'case':28s} {'ours ms':>9s} {'GB/s':>8s} {'% copy':>7s} {'lax ms':>9s} {'lax GB/s':>9s} "
+      f"{'speed-up':>9s}")
+    for r in result["linear_scan"]:
+        ms, gb, fr = r["ms"], r["GBps"], r["fraction_of_copy"]
+        ours, lax_ = "jax_selscan", "lax.associative_scan"
+        p(f"{r['case']:28s} {_f(ms[ours], '9.3f')} {_f(gb[ours], '8.1f')} "
+          f"{_f(fr[ours] and 100 * fr[ours], '6.0f')}% {_f(ms[lax_], '9.3f')} "
+          f"{_f(gb[lax_], '9.1f')} {_f(r['speedup_vs_associative_scan'], '8.2f')}x")
+    p("\nselective_scan vs selective_scan_ref (float32, jitted), median ms; GB/s = minimal "
+      "fused-kernel traffic")
+    has_m = any("mamba_ssm_fwd" in r["ms"] for r in result["selective_scan"])
+    head = (f"{'case':28s} {'pass':8s} {'ours ms':>9s} {'GB/s':>7s} {'% copy':>7s} {'ref ms':>9s} "
+            f"{'speed-up':>9s}")
+    p(head + (f" {'mamba_ssm ms':>13s}" if has_m else ""))
+    for r in result["selective_scan"]:
+        for ps in ("fwd", "fwd_bwd"):
+            ms, gb, fr = r["ms"], r["GBps"], r["fraction_of_copy"]
+            o = f"ours_{ps}"
+            line = (f"{r['case']:28s} {ps:8s} {_f(ms.get(o), '9.3f')} {_f(gb.get(o), '7.1f')} "
+                    f"{_f(fr.get(o) and 100 * fr[o], '6.0f')}% {_f(ms.get('ref_' + ps), '9.3f')} "
+                    f"{_f(r['speedup_vs_ref'][ps], '8.2f')}x")
+            if has_m:
+                line += f" {_f(ms.get('mamba_ssm_' + ps), '13.3f')}"
+            p(line)
+        for k, e in r["errors"].items():
+            p(f"    {k}: {e}")
+    if result.get("mamba_ssm_skipped"):
+        p(f"mamba_ssm: skipped ({result['mamba_ssm_skipped']})")
+
+
+def plot(result, path):
+    """Two panels: linear_scan GB/s (ours, lax, copy line) and selective_scan times."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    ls = result["linear_scan"]
+    x = np.arange(len(ls))
+    for off, (impl, lab) in zip((-0.2, 0.2), (("jax_selscan", "jax_selscan.linear_scan"),
+                                              ("lax.associative_scan", "lax.associative_scan"))):
+        ax1.bar(x + off, [r["GBps"][impl] or 0 for r in ls], 0.4, label=lab)
+    ax1.axhline(result["copy"]["GBps"], color="k", ls="--", lw=1, label="copy bandwidth")
+    ax1.set_xticks(x, [r["case"] for r in ls], rotation=30, ha="right", fontsize=7)
+    ax1.set_ylabel("GB/s (12 bytes / element)")
+    ax1.set_title("linear_scan, float32")
+    ax1.legend(fontsize=8)
+    ss = result["selective_scan"]
+    labels, keys = [], [("ours_fwd", "ours fwd"), ("ref_fwd", "ref fwd"),
+                         ("ours_fwd_bwd", "ours fwd+bwd"), ("ref_fwd_bwd", "ref fwd+bwd")]
+    if any("mamba_ssm_fwd" in r["ms"] for r in ss):
+        keys += [("mamba_ssm_fwd", "mamba_ssm fwd"), ("mamba_ssm_fwd_bwd", "mamba_ssm fwd+bwd")]
+    x = np.arange(len(ss))
+    w = 0.8 / len(keys)
+    for j, (k, lab) in enumerate(keys):
+        ax2.bar(x + (j - (len(keys) - 1) / 2) * w, [r["ms"].get(k) or 0 for r in ss], w, label=lab)
+        labels.append(lab)
+    ax2.set_xticks(x, [r["case"] for r in ss], rotation=15, ha="right", fontsize=7)
+    ax2.set_yscale("log")
+    ax2.set_ylabel("ms (median)")
+    ax2.set_title("selective_scan vs selective_scan_ref, float32")
+    ax2.legend(fontsize=7)
+    fig.suptitle(f"jax_selscan bench, {describe(result['machine'])}, {result['date'][:10]}, "
+                 f"commit {(result['commit'] or 'unknown')[:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# --- main --------------------------------------------------------------------------------------
+
+def run(mode="default", repeats=None, min_time=None, progress=True, mamba_ssm=True):
+    """Run the benchmark; returns the result dict (what --out writes)."""
+    backend = jax.default_backend()
+    if mode == "quick":
+        sizes = SIZES["quick"]
+    else:
+        family = "cpu" if backend == "cpu" else "gpu"
+        sizes = SIZES[family + ("_full" if mode == "full" else "")]
+    repeats = repeats or (3 if mode == "quick" else 10)
+    min_time = 0.0 if mode == "quick" else (0.5 if min_time is None else min_time)
+    with_m, why = (_mamba_ssm_available() if mamba_ssm and backend != "cpu"
+                   else (False, "not a CUDA backend" if mamba_ssm else "disabled (--no-mamba-ssm)"))
+    n_items = (1 + 2 * len(sizes["linear_scan"])
+               + (4 + with_m) * len(sizes["selective_scan"]))
+    bar = Progress(n_items, enabled=progress)
+    bar.step("copy bandwidth")
+    copy = copy_bandwidth(sizes["copy_elems"], repeats, min_time)
+    result = {
+        "schema": SCHEMA,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "jax": jax.__version__,
+        "jaxlib": getattr(__import__("jaxlib"), "__version__", None),
+        "jax_selscan": __version__,
+        "kernels": {"cpu": _ffi.HAS_CPU, "cuda": _ffi.HAS_CUDA},
+        "commit": _git_commit(),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "jax_selscan.bench"]
+                            + sys.argv[1:]) if sys.argv and sys.argv[0].endswith("bench.py")
+                   else " ".join(sys.argv),
+        "mode": mode, "repeats": repeats, "min_time_s": min_time,
+        "copy": copy,
+    }
+    result["linear_scan"] = bench_linear_scan(sizes["linear_scan"], repeats, min_time,
+                                              copy["GBps"], bar)
+    result["selective_scan"] = bench_selective_scan(sizes["selective_scan"], repeats, min_time,
+                                                    copy["GBps"], bar, with_m)
+    if not with_m:
+        result["mamba_ssm_skipped"] = why
+    bar.close()
+    return result
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small shapes, few repeats (seconds)")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--out", default="jax_selscan_bench.json", help="JSON results file")
-    args = parser.parse_args(argv)
-    cases = QUICK if args.quick else FULL
-    repeats = args.repeats or (3 if args.quick else 10)
-    rows = bench_linear_scan(cases, repeats)
-    print(f"backend={jax.default_backend()} kernels: cpu={_ffi.HAS_CPU} cuda={_ffi.HAS_CUDA}")
-    print(f"{'case':24s} {'ours ms':>9s} {'GB/s':>8s} {'%elementwise':>13s} {'assoc ms':>9s} {'speed-up':>9s}")
-    for r in rows:
-        print(f"{r['case']:24s} {r['ms']['jax_selscan']:9.3f} {r['GBps']['jax_selscan']:8.1f} "
-              f"{100 * r['fraction_of_elementwise']:12.0f}% {r['ms']['lax.associative_scan']:9.3f} "
-              f"{r['speedup_vs_associative_scan']:8.1f}x")
-    result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "devices": [str(d) for d in jax.devices()]},
-        "jax": jax.__version__, "commit": _commit(), "command": " ".join(sys.argv),
-        "linear_scan": rows,
-    }
+    ap = argparse.ArgumentParser(prog="python -m jax_selscan.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="tiny sizes, 3 repeats (seconds)")
+    mode.add_argument("--full", action="store_true", help="the full sweep (larger sizes)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed calls per measurement")
+    ap.add_argument("--min-time", type=float, default=None,
+                    help="keep timing each measurement for at least this many seconds")
+    ap.add_argument("--out", default="jax_selscan_bench.json", help="JSON results file")
+    ap.add_argument("--png", default=None,
+                    help="plot file (default: --out with .png); needs matplotlib")
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-mamba-ssm", action="store_true", help="do not time mamba_ssm")
+    args = ap.parse_args(argv)
+    mode = "quick" if args.quick else "full" if args.full else "default"
+    result = run(mode, args.repeats, args.min_time, progress=not args.no_progress,
+                 mamba_ssm=not args.no_mamba_ssm)
+    print_tables(result)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    print(f"\nwrote {args.out}")
+    if not args.no_plot:
+        png = args.png or os.path.splitext(args.out)[0] + ".png"
+        if plot(result, png):
+            print(f"wrote {png}")
+        else:
+            print("matplotlib not installed: no plot")
+    return result
 
 
 if __name__ == "__main__":
