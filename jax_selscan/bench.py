@@ -307,6 +307,10 @@ def bench_selective_scan(cases, repeats, min_time, copy_gbps, progress, with_mam
 # --- machine description -------------------------------------------------------------------------
 
 def _git_commit():
+    """HEAD of the repository this file runs from; None for an installed copy, unless
+    JAX_SELSCAN_COMMIT names the commit it was built from (set by scripts that install)."""
+    if os.environ.get("JAX_SELSCAN_COMMIT"):
+        return os.environ["JAX_SELSCAN_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
