@@ -75,8 +75,8 @@ TINY = TrainConfig(task=TaskConfig(seq_len=16, n_memorize=2, n_data=4), d_model=
                    eval_every=10, eval_batch=64)
 SMALL = TrainConfig(task=TaskConfig(seq_len=64, n_memorize=4, n_data=8), d_model=32,
                     n_layers=2, d_state=8, batch=32, steps=3000, lr=5e-3, target_accuracy=0.99)
-LARGE = TrainConfig(task=TaskConfig(seq_len=1024, n_memorize=16, n_data=16), d_model=128,
-                    n_layers=2, d_state=16, batch=64, steps=4000, lr=2e-3,
+LARGE = TrainConfig(task=TaskConfig(seq_len=512, n_memorize=16, n_data=16), d_model=64,
+                    n_layers=2, d_state=16, batch=64, steps=5000, lr=3e-3, eval_every=100,
                     target_accuracy=0.99)
 
 

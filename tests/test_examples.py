@@ -98,6 +98,7 @@ def test_lru_drop_in_one_line_same_outputs_fast_path():
     if _ffi.HAS_CPU and jax.default_backend() == "cpu":
         assert rep["kernels_for_backend"]
         assert rep["custom_call_in_hlo"] and rep["custom_call_count"] == 2, rep
+        assert rep["custom_call_count_compiled"] == 2, rep
 
 
 # --- 3. bidirectional encoder ------------------------------------------------------------------
