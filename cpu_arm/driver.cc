@@ -51,7 +51,7 @@ class Driver {
       : A(args), ex_(ex), rows_fn_(kernels.rows[int(args.dtype)]),
         strided_fn_(kernels.strided[int(args.dtype)]),
         rows_per_group_(kernels.rows_per_group[int(args.dtype)]),
-        tile_(kernels.tile[int(args.dtype)]) {}
+        tile_(kernels.tile[int(args.dtype)]), wide_(kernels.wide[int(args.dtype)]) {}
 
   void run() {
     if (A.outer <= 0 || A.length <= 0 || A.inner <= 0) return;
@@ -65,7 +65,7 @@ class Driver {
   const LinearScanArgs& A;
   Executor& ex_;
   KernelFn rows_fn_, strided_fn_;
-  int64_t rows_per_group_, tile_;
+  int64_t rows_per_group_, tile_, wide_;
   int64_t threads_ = 1;
   std::unique_ptr<Lane[]> st_h_, st_p_;  // per (outer, chunk, channel) state, kPer lanes each
 
@@ -212,15 +212,20 @@ class Driver {
   }
 
   // One pass over chunks [c_lo, c_hi) of every (outer, channel block). Chunk c
-  // starts at step c * len (nc == 1, len == L: the whole axis).
+  // starts at step c * len (nc == 1, len == L: the whole axis). Channel blocks
+  // are the kernel's wide blocks when the channels allow (one contiguous run of
+  // up to 16 KiB per step), narrowed until there is one per thread.
   void strided_pass(Mode mode, int64_t nc, int64_t c_lo, int64_t c_hi, int64_t len, int64_t rem) {
-    const int64_t L = A.length, outer = A.outer, inner = A.inner, W = tile_;
-    const int64_t tiles = ceil_div(inner, W), nchunks = c_hi - c_lo;
-    // Tiles per call: about kTaskElements of work, but keep ~4 calls per thread.
-    int64_t tpc = std::min(tiles, std::max<int64_t>(1, ceil_div(kTaskElements, W * len)));
-    while (tpc > 1 && outer * nchunks * ceil_div(tiles, tpc) < 4 * threads_) tpc = ceil_div(tpc, 2);
-    const int64_t blocks = ceil_div(tiles, tpc), block = tpc * W;
-    run_calls(outer * nchunks * blocks, block * len, strided_fn_, [&](int64_t i) {
+    const int64_t L = A.length, outer = A.outer, inner = A.inner, nchunks = c_hi - c_lo;
+    int64_t block = inner >= wide_ / 8 ? std::min(inner, wide_) : tile_;
+    // Measured (docs/PERFORMANCE_CPU.md): wider runs per step beat finer load
+    // balancing, so split only until every thread has one block.
+    const int64_t min_block = block >= wide_ / 8 ? wide_ / 8 : tile_;
+    while (block / 2 >= min_block && outer * nchunks * ceil_div(inner, block) < threads_)
+      block /= 2;
+    // Calls of narrow blocks are batched into tasks by run_calls.
+    const int64_t blocks = ceil_div(inner, block);
+    run_calls(outer * nchunks * blocks, std::min(block, inner) * len, strided_fn_, [&](int64_t i) {
       const int64_t blk = i % blocks, c = c_lo + (i / blocks) % nchunks, o = i / (blocks * nchunks);
       const int64_t j0 = blk * block, t0 = c * len;
       const int64_t n = (rem > 0 && c == nc - 1) ? rem : len;

@@ -45,6 +45,7 @@ struct KernelTable {
   KernelFn rows[kNumDTypes];
   int32_t rows_per_group[kNumDTypes];  // sequences the rows kernel does at once
   int32_t tile[kNumDTypes];            // channels the strided kernel walks at once
+  int32_t wide[kNumDTypes];            // ... in its wide-block mode (count >= wide / 8)
   // This ISA's vector conversions between float and 16-bit patterns
   // ([0]: bf16, [1]: f16), exported so the tests can compare them bit for bit.
   void (*widen16[2])(const uint16_t* src, int64_t n, float* dst);

@@ -44,6 +44,8 @@ constexpr KernelTable kTable = {
      kernels::Scan<bf16_t>::kR, kernels::Scan<f16_t>::kR},
     {kernels::Scan<float>::kTile, kernels::Scan<double>::kTile, kernels::Scan<c64_t>::kTile,
      kernels::Scan<bf16_t>::kTile, kernels::Scan<f16_t>::kTile},
+    {kernels::Scan<float>::kWide, kernels::Scan<double>::kWide, kernels::Scan<c64_t>::kWide,
+     kernels::Scan<bf16_t>::kWide, kernels::Scan<f16_t>::kWide},
     {widen_fn<bf16_t>, widen_fn<f16_t>},
     {narrow_fn<bf16_t>, narrow_fn<f16_t>},
 };

@@ -190,11 +190,15 @@ struct Scan {
       save_state(t, j0 + u * kVW, kPartial ? nch : kVW, hs[u], ps[u]);
   }
 
-  // Wide blocks of up to kWide channels: the state lives in an L1-resident
-  // buffer instead of registers, so each step streams one contiguous 4 KiB
-  // run per array (what the hardware prefetchers follow best) rather than a
-  // narrow tile at a large stride. nch is a multiple of kVW.
-  static constexpr int kWideLanes = 4096 / int(sizeof(L));
+  // Wide blocks of up to kWide channels: the state lives in a stack buffer
+  // (L1/L2) instead of registers, so each step streams one contiguous run of
+  // up to 16 KiB per array (what the hardware prefetchers and DRAM pages like
+  // best) rather than a narrow tile at a large stride: 1.5x faster at
+  // (L, C) = (4096, 4096). nch is a multiple of kVW.
+#ifndef JSS_WIDE_BYTES
+#define JSS_WIDE_BYTES 16384
+#endif
+  static constexpr int kWideLanes = JSS_WIDE_BYTES / int(sizeof(L));
   static constexpr int64_t kWide = kWideLanes / kPer;
   template <bool kOut, bool kProd>
   static void strided_wide(const ScanTask& t, int64_t j0, int64_t nch) {
@@ -238,7 +242,7 @@ struct Scan {
     int64_t j = 0;
     const int64_t c = t.count;
 #ifndef JSS_NO_WIDE
-    if (c >= 2 * kTile) {  // wide blocks, then the last < kVW channels below
+    if (c >= kWide / 8) {  // wide blocks (>= 2 KiB), then the last < kVW channels below
       for (; j + kVW <= c; j += kWide) {
         const int64_t w = min64(kWide, (c - j) / kVW * kVW);
         strided_wide<kOut, kProd>(t, j, w);
