@@ -2,7 +2,9 @@
 
 In one run:
   * copy bandwidth: a jitted elementwise pass (y = x + 1) over a large float32 array
-    (bytes read + written per second), the ceiling every scan below is compared with;
+    (bytes read + written per second); every scan below is also compared with an
+    elementwise pass over its own arrays (same size, so the same caches), the ceiling
+    that a memory-bound scan can reach at that size;
   * linear_scan vs jax.lax.associative_scan (same affine combine), float32, scanned axis
     contiguous ("rows") and strided ("strided"), over a sweep of sizes; GB/s counts the
     minimal traffic (read a and b, write h: 12 bytes per element);
@@ -155,6 +157,7 @@ def bench_linear_scan(cases, repeats, min_time, copy_gbps, progress):
         b = jax.random.normal(key_b, shape, jnp.float32)
         nbytes = 3 * a.size * 4
         fns = {
+            "elementwise": jax.jit(lambda a, b: a * b),     # same traffic: the ceiling here
             "jax_selscan": jax.jit(lambda a, b: linear_scan(a, b, axis=axis)),
             "lax.associative_scan": jax.jit(
                 lambda a, b: jax.lax.associative_scan(affine_combine, (a, b), axis=axis)[1]),
@@ -168,9 +171,12 @@ def bench_linear_scan(cases, repeats, min_time, copy_gbps, progress):
                 errors[impl] = err
         ours, lax_ms = ms["jax_selscan"], ms["lax.associative_scan"]
         gbps = {k: (nbytes / (v / 1e3) / 1e9 if v else None) for k, v in ms.items()}
+        ew = gbps["elementwise"]
         rows.append({
             "case": name, "layout": layout, "shape": list(shape), "axis": axis,
             "dtype": "float32", "bytes": nbytes, "ms": ms, "GBps": gbps,
+            "fraction_of_elementwise": {k: (v / ew if v and ew else None)
+                                        for k, v in gbps.items()},
             "fraction_of_copy": {k: (v / copy_gbps if v else None) for k, v in gbps.items()},
             "speedup_vs_associative_scan": (lax_ms / ours if ours and lax_ms else None),
             "errors": errors,
@@ -273,6 +279,10 @@ def bench_selective_scan(cases, repeats, min_time, copy_gbps, progress, with_mam
         fwd_bytes, total_bytes = selective_scan_bytes(batch, dim, length, dstate)
         name = f"b={batch} D={dim} L={length} N={dstate}"
         ms, errors = {}, {}
+        progress.step(f"selective_scan {name}: elementwise")
+        t, err = _try(jax.jit(lambda u, d, z: u * d + z), inputs["u"], inputs["delta"],
+                      inputs["z"], repeats=repeats, min_time=min_time)
+        ew_gbps = 16 * batch * dim * length / t / 1e9 if t else None
         for key, f, xs in (("ours_fwd", ours_fwd, args), ("ref_fwd", ref_fwd, args),
                            ("ours_fwd_bwd", ours_grad, args + [dout]),
                            ("ref_fwd_bwd", ref_grad, args + [dout])):
@@ -294,6 +304,9 @@ def bench_selective_scan(cases, repeats, min_time, copy_gbps, progress, with_mam
             "case": name, "batch": batch, "D": dim, "L": length, "N": dstate, "dtype": "float32",
             "options": "z, D, delta_bias, delta_softplus, B/C (batch, N, L)",
             "bytes_fwd": fwd_bytes, "bytes_fwd_bwd": total_bytes, "ms": ms, "GBps": gbps,
+            "elementwise_GBps": ew_gbps,
+            "fraction_of_elementwise": {k: (v / ew_gbps if v and ew_gbps else None)
+                                        for k, v in gbps.items()},
             "fraction_of_copy": {k: (v / copy_gbps if v else None) for k, v in gbps.items()},
             "speedup_vs_ref": {"fwd": sp("ref_fwd", "ours_fwd"),
                                "fwd_bwd": sp("ref_fwd_bwd", "ours_fwd_bwd")},
@@ -371,27 +384,32 @@ def print_tables(result, file=sys.stdout):
       f"commit {result['commit'] or 'unknown'}")
     c = result["copy"]
     p(f"copy bandwidth (y = x + 1, {c['elements']} float32): {c['GBps']:.1f} GB/s")
-    p("\nlinear_scan (float32), median ms; GB/s = 12 bytes/element; % copy = GB/s / copy GB/s")
-    p(f"{'case':28s} {'ours ms':>9s} {'GB/s':>8s} {'% copy':>7s} {'lax ms':>9s} {'lax GB/s':>9s} "
-      f"{'speed-up':>9s}")
+    p("\nlinear_scan (float32), median ms; GB/s = 12 bytes/element; % elem = of an elementwise "
+      "a*b on the same arrays (same traffic); % copy = of the copy bandwidth above")
+    p(f"{'case':28s} {'ours ms':>9s} {'GB/s':>8s} {'% elem':>7s} {'% copy':>7s} {'lax ms':>9s} "
+      f"{'lax GB/s':>9s} {'speed-up':>9s}")
     for r in result["linear_scan"]:
         ms, gb, fr = r["ms"], r["GBps"], r["fraction_of_copy"]
+        fe = r.get("fraction_of_elementwise", {})
         ours, lax_ = "jax_selscan", "lax.associative_scan"
         p(f"{r['case']:28s} {_f(ms[ours], '9.3f')} {_f(gb[ours], '8.1f')} "
+          f"{_f(fe.get(ours) and 100 * fe[ours], '6.0f')}% "
           f"{_f(fr[ours] and 100 * fr[ours], '6.0f')}% {_f(ms[lax_], '9.3f')} "
           f"{_f(gb[lax_], '9.1f')} {_f(r['speedup_vs_associative_scan'], '8.2f')}x")
     p("\nselective_scan vs selective_scan_ref (float32, jitted), median ms; GB/s = minimal "
-      "fused-kernel traffic")
+      "fused-kernel traffic; % elem = of an elementwise u*delta+z pass over the same inputs")
     has_m = any("mamba_ssm_fwd" in r["ms"] for r in result["selective_scan"])
-    head = (f"{'case':28s} {'pass':8s} {'ours ms':>9s} {'GB/s':>7s} {'% copy':>7s} {'ref ms':>9s} "
-            f"{'speed-up':>9s}")
+    head = (f"{'case':28s} {'pass':8s} {'ours ms':>9s} {'GB/s':>7s} {'% elem':>7s} {'% copy':>7s} "
+            f"{'ref ms':>9s} {'speed-up':>9s}")
     p(head + (f" {'mamba_ssm ms':>13s}" if has_m else ""))
     for r in result["selective_scan"]:
         for ps in ("fwd", "fwd_bwd"):
             ms, gb, fr = r["ms"], r["GBps"], r["fraction_of_copy"]
+            fe = r.get("fraction_of_elementwise", {})
             o = f"ours_{ps}"
             line = (f"{r['case']:28s} {ps:8s} {_f(ms.get(o), '9.3f')} {_f(gb.get(o), '7.1f')} "
-                    f"{_f(fr.get(o) and 100 * fr[o], '6.0f')}% {_f(ms.get('ref_' + ps), '9.3f')} "
+                    f"{_f(fe.get(o) and 100 * fe[o], '6.1f')}% "
+                    f"{_f(fr.get(o) and 100 * fr[o], '6.1f')}% {_f(ms.get('ref_' + ps), '9.3f')} "
                     f"{_f(r['speedup_vs_ref'][ps], '8.2f')}x")
             if has_m:
                 line += f" {_f(ms.get('mamba_ssm_' + ps), '13.3f')}"
@@ -458,8 +476,8 @@ def run(mode="default", repeats=None, min_time=None, progress=True, mamba_ssm=Tr
     min_time = 0.0 if mode == "quick" else (0.5 if min_time is None else min_time)
     with_m, why = (_mamba_ssm_available() if mamba_ssm and backend != "cpu"
                    else (False, "not a CUDA backend" if mamba_ssm else "disabled (--no-mamba-ssm)"))
-    n_items = (1 + 2 * len(sizes["linear_scan"])
-               + (4 + with_m) * len(sizes["selective_scan"]))
+    n_items = (1 + 3 * len(sizes["linear_scan"])
+               + (5 + with_m) * len(sizes["selective_scan"]))
     bar = Progress(n_items, enabled=progress)
     bar.step("copy bandwidth")
     copy = copy_bandwidth(sizes["copy_elems"], repeats, min_time)

@@ -65,6 +65,9 @@ def test_quick_json_measurements(quick):
             assert r["GBps"][impl] == pytest.approx(r["bytes"] / r["ms"][impl] / 1e6, rel=1e-9)
             assert r["fraction_of_copy"][impl] == pytest.approx(
                 r["GBps"][impl] / copy["GBps"], rel=1e-9)
+        assert r["ms"]["elementwise"] > 0
+        assert r["fraction_of_elementwise"]["jax_selscan"] == pytest.approx(
+            r["GBps"]["jax_selscan"] / r["GBps"]["elementwise"], rel=1e-9)
         assert r["speedup_vs_associative_scan"] == pytest.approx(
             r["ms"]["lax.associative_scan"] / r["ms"]["jax_selscan"], rel=1e-9)
         c, l = (r["shape"] if r["axis"] == 1 else r["shape"][::-1])
@@ -77,6 +80,9 @@ def test_quick_json_measurements(quick):
             assert r["ms"][k] > 0
         assert r["speedup_vs_ref"]["fwd"] == pytest.approx(
             r["ms"]["ref_fwd"] / r["ms"]["ours_fwd"], rel=1e-9)
+        assert r["elementwise_GBps"] > 0
+        assert r["fraction_of_elementwise"]["ours_fwd"] == pytest.approx(
+            r["GBps"]["ours_fwd"] / r["elementwise_GBps"], rel=1e-9)
         b, d, l, n = r["batch"], r["D"], r["L"], r["N"]
         assert r["bytes_fwd"] == (4 * b * d * l + 2 * b * n * l) * 4
 
@@ -87,7 +93,7 @@ def test_quick_prints_table_and_progress(quick):
     assert "linear_scan" in proc.stdout and "selective_scan" in proc.stdout
     for r in res["linear_scan"]:
         assert r["case"] in proc.stdout
-    assert "/9" in proc.stderr and "done" in proc.stderr       # the progress bar (9 items)
+    assert "/12" in proc.stderr and "done" in proc.stderr      # the progress bar (12 items)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
