@@ -11,7 +11,7 @@ Timing: a jitted chain of R dependent calls (the output feeds the next call's b)
 clock with block_until_ready, median of 5, minus the measured dispatch time of a trivial
 jitted call, divided by R. Writes JSON and Markdown (date, GPU, commit, command).
 
-    python benchmarks/gpu_linear_scan.py --out DIR [--cub PATH] [--quick]
+    python benchmarks/gpu_linear_scan.py --out DIR [--cub PATH] [--quick] [--algos auto,lookback_regs]
 """
 from __future__ import annotations
 
@@ -117,6 +117,8 @@ def main():
     ap.add_argument("--cub", default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--algos", default=None, help="comma-separated subset of the algorithms (default: all)")
+    ap.add_argument("--shapes", default=None, help="only the shapes whose name contains this")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dev = jax.devices()[0]
@@ -133,6 +135,8 @@ def main():
     meta["dispatch_overhead_us"] = overhead * 1e6
     rows = []
     shapes = SHAPES[:3] + SHAPES[5:6] if args.quick else SHAPES
+    if args.shapes:
+        shapes = [s for s in shapes if args.shapes in s[0]]
     key = jax.random.PRNGKey(0)
     for dname in args.dtypes.split(","):
         dtype = jnp.dtype(dname)
@@ -147,6 +151,8 @@ def main():
             reps = int(np.clip(np.ceil(3e-3 / est), 3, 64))
             res = {}
             algos = ALGOS if not args.quick else ("auto", "lookback_regs", "three_pass")
+            if args.algos:
+                algos = tuple(args.algos.split(","))
             for algo in algos:
                 step = lambda a, b, h0, algo=algo: linear_scan(a, b, axis=axis, h0=h0, algorithm=algo)
                 try:

@@ -3,20 +3,29 @@
 
 namespace jss {
 
-int resolve_algorithm(const ScanProblem& p) {
+int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   // From the H200 measurements in docs/PERFORMANCE_CUDA.md (section 4, CUDA events, fp32 /
   // bf16, % of the 4240 GB/s copy):
   //  * contiguous rows, outer >= 512: row_walk (one warp walks a row; no look-back).
   //    4096x16384 86% (lookback_regs 51%), 12288x2048 90% (54%), 65536x256 91% (19%;
   //    lookback_warp ~25%), 1024x65536 90% (51%), 512x131072 68% (52%).
   //  * fewer rows: the look-back tile kernels as before (lookback_warp for L <= 512).
-  //  * strided: lookback_regs. strided_walk measured slower at every strided shape tried
-  //    ((4096, 24576): 68% vs 80%; (65536, 1024): 3% vs 61%), so auto never picks it.
+  //  * strided: strided_walk measured slower at every strided shape tried ((4096, 24576):
+  //    68% vs 80%; (65536, 1024): 3% vs 61%), so auto never picks it.
+  //  * strided (section 5, CUDA events, strided_stage w8s8 vs lookback_regs, % of 4233 GB/s):
+  //    16-bit types: strided_stage everywhere: (4096, 24576) bf16 47% vs 36%, (65536, 1024)
+  //    39% vs 29%, (16384, 4096) 42% vs 35%, (1024, 1024) 9% vs 8%, (2048, 32, 1024) axis 1
+  //    32% vs 20%. 4-byte types: strided_stage for L <= 1024 ((1024, 1024) 22% vs 17%,
+  //    (2048, 32, 1024) 67% vs 52%), lookback_regs for longer axes ((4096, 24576) 73% vs
+  //    79%, (65536, 1024) 55% vs 61%, (16384, 4096) 59% vs 68%). 8-byte types (f64, c64):
+  //    not measured, lookback_regs as before.
+  //    strided_stage falls back to lookback_regs where its 16-byte vectors are not legal.
   if (p.inner == 1) {
     if (p.outer >= 512) return kRowWalk;
     if (p.L <= 512) return kLookbackWarp;
     return kLookbackRegs;
   }
+  if (elem_bytes == 2 || (elem_bytes == 4 && p.L <= 1024)) return kStridedStage;
   return kLookbackRegs;
 }
 

@@ -22,7 +22,9 @@ enum Algorithm : int {
   // Internal kernels that only "auto" resolves to (no inter-block communication):
   kRowWalk = 7,      // contiguous: one warp walks one whole row
   kStridedWalk = 8,  // strided: one warp walks 32 (64 for 16-bit types) channels through L
-  kNumInternal = 9,
+  // Internal, with inter-block communication (a look-back over one flag per tile):
+  kStridedStage = 9,  // strided: (L-chunk x 16-byte-per-lane channel tile) staged in smem
+  kNumInternal = 10,
 };
 
 enum class DType { F32, F64, BF16, F16, C64 };
@@ -40,8 +42,8 @@ struct ScanProblem {
   int algorithm = kAuto;
 };
 
-// Which kernel family "auto" resolves to for this shape (never kAuto).
-int resolve_algorithm(const ScanProblem& p);
+// Which kernel family "auto" resolves to for this shape and element size (never kAuto).
+int resolve_algorithm(const ScanProblem& p, int elem_bytes = 4);
 
 // Scratch bytes the launch needs (tile status words, carries, the tile counter); 0 if none.
 size_t scratch_bytes(DType t, const ScanProblem& p);

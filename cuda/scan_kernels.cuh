@@ -38,6 +38,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -1117,6 +1118,287 @@ __global__ void __launch_bounds__(32) strided_walk_kernel(Dev d) {
 }
 
 // ---------------------------------------------------------------------------------
+// Strided layout, staged tiles ("strided_stage", chosen by "auto" only). A tile is
+// CW = 32*V channels (V = 16 / sizeof(T): one 16-byte vector per lane) x LC = NW*SPW steps
+// of the scanned axis; warp w walks steps [w*SPW, +SPW) of the tile, lane l owns channels
+// [l*V, +V). The tile is staged ONCE in shared memory with cp.async (DRAM is read once)
+// and walked twice from there: first for the per-warp aggregates, then, once the tile's
+// exclusive prefix is known, again to write h (and a_prod).
+//
+// Tiles are chunk-major (id = k * nchains + chain, chain = o * nct + ct), handed out by an
+// atomic counter in the order blocks ask, so every predecessor of a tile was handed out
+// earlier (no deadlock). NBUF = 2: a block keeps two tiles, the next one's loads issued
+// before the current one's look-back (persistent grid of resident blocks; the current
+// tile always has the smaller id, so the smallest unfinished tile can always finish).
+//
+// Carry across tiles, per channel, canonical: inc(k) = combine(inc(k-1), agg(k)),
+// inc(-1) = (1, h0). Status: ONE flag per tile (the look-back polls 32 predecessors per
+// load, one word each) and two value slots per tile and channel, each written once:
+// agg (flag ST_AGG) and inc (flag ST_INC). Writer: every thread stores its channels'
+// values (st.cg); a barrier; thread 0 stores the flag with st.release.gpu (a release is
+// cumulative: it orders every write the barrier made visible to thread 0, the pattern of
+// CUTLASS's inter-CTA barrier). Reader: warp 0 polls the window of flags with ld.acquire.gpu until no
+// flag between its nearest inclusive one and the tile is empty; a barrier; the channel
+// threads read inc(j) and fold agg(j+1) .. agg(k-1) strictly left to right (ld.cg).
+// That is bit for bit the left fold, whatever the timing.
+template <class T>
+struct StageCfg {
+  static constexpr int V = 16 / sizeof(T);  // channels per lane
+  static constexpr int CW = 32 * V;         // channels per tile
+};
+
+__device__ __forceinline__ void stcg_pair(Pair<float>* p, const Pair<float>& v) {
+  __stcg(reinterpret_cast<float2*>(p), make_float2(v.a, v.b));
+}
+__device__ __forceinline__ Pair<float> ldcg_pair(const Pair<float>* p) {
+  const float2 v = __ldcg(reinterpret_cast<const float2*>(p));
+  return {v.x, v.y};
+}
+template <class S>
+__device__ __forceinline__ void stcg_pair(Pair<S>* p, const Pair<S>& v) {
+  stcg(&p->a, v.a);
+  stcg(&p->b, v.b);
+}
+template <class S>
+__device__ __forceinline__ Pair<S> ldcg_pair(const Pair<S>* p) {
+  return {ldcg(&p->a), ldcg(&p->b)};
+}
+
+template <class T, int NW, int SPW, int NBUF>
+__global__ void __launch_bounds__(NW * 32) strided_stage_kernel(Dev d) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  using P = Pair<S>;
+  constexpr int V = StageCfg<T>::V;
+  constexpr int CW = StageCfg<T>::CW;
+  constexpr int THREADS = NW * 32;
+  constexpr int LC = NW * SPW;
+  constexpr int PER = (CW + THREADS - 1) / THREADS;  // channels per thread in the carry phase
+  extern __shared__ uint4 s_tile[];                  // [NBUF][NW][SPW][2][32] 16-byte slots
+  __shared__ P s_agg[NW][CW];
+  __shared__ P s_excl[CW];
+  __shared__ unsigned s_id[2];
+  __shared__ long long s_j;
+
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int64_t L = d.L, inner = d.inner, nchains = d.nchains;
+  const unsigned ntiles = (unsigned)(d.nchains * d.nchunks);
+  const int64_t step = d.reverse ? -inner : inner;
+  uint32_t* flags = static_cast<uint32_t*>(d.status);
+  P* agg_v = static_cast<P*>(d.carry);
+  P* inc_v = agg_v + (size_t)ntiles * CW;
+  const T* A = static_cast<const T*>(d.a);
+  const T* B = static_cast<const T*>(d.b);
+  T* H = static_cast<T*>(d.h);
+  T* AP = static_cast<T*>(d.aprod);
+
+  struct Where {
+    int64_t off;  // element offset of this thread's first step (valid if n > 0)
+    int n;        // steps of this thread's slice inside [0, L)
+    bool active;  // the lane's channels exist
+  };
+  auto where = [&](unsigned id) {
+    const int64_t chain = id % nchains, k = id / nchains;
+    const int64_t o = chain / d.nct, ct = chain % d.nct;
+    const int64_t c0 = ct * CW + (int64_t)lane * V;
+    const int64_t p0 = k * LC + (int64_t)w * SPW;
+    Where r;
+    const int64_t rem = L - p0;
+    r.n = rem <= 0 ? 0 : (rem < SPW ? (int)rem : SPW);
+    r.active = c0 < inner;
+    const int64_t q0 = d.reverse ? L - 1 - p0 : p0;
+    r.off = r.n > 0 ? (o * L + q0) * inner + c0 : 0;
+    return r;
+  };
+  auto issue = [&](unsigned id, int buf) {
+    if (id < ntiles) {
+      const Where r = where(id);
+      if (r.active) {
+        uint4* st = s_tile + (size_t)((buf * NW + w) * SPW) * 64;
+        const T* pa = A + r.off;
+        const T* pb = B + r.off;
+#pragma unroll
+        for (int i = 0; i < SPW; ++i) {
+          if (i < r.n) {
+            cp_async<16>(st + i * 64 + lane, pa);
+            cp_async<16>(st + i * 64 + 32 + lane, pb);
+          }
+          pa += step;
+          pb += step;
+        }
+      }
+    }
+    cp_commit();
+  };
+
+  if (tid == 0) s_id[0] = atomicAdd(d.counter, 1u);
+  __syncthreads();
+  unsigned cur = s_id[0];
+  if (cur >= ntiles) return;
+  issue(cur, 0);
+  int buf = 0, par = 0;
+  while (true) {
+    unsigned nxt = ntiles;
+    if (NBUF == 2) {  // hand out and start loading the next tile before this one's look-back
+      if (tid == 0) s_id[par ^ 1] = atomicAdd(d.counter, 1u);
+      __syncthreads();
+      nxt = s_id[par ^ 1];
+      issue(nxt, buf ^ 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    const int64_t chain = cur % nchains, k = cur / nchains;
+    const int64_t o = chain / d.nct, ct = chain % d.nct;
+    const Where r = where(cur);
+    const uint4* st = s_tile + (size_t)((buf * NW + w) * SPW) * 64;
+
+    // 1. first walk: the warp's aggregate of its SPW steps, per channel
+    P x[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) x[e] = identity<S>();
+    if (r.active) {
+#pragma unroll
+      for (int i = 0; i < SPW; ++i) {
+        if (i < r.n) {
+          Vec16<T> va, vb;
+          *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
+          *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
+#pragma unroll
+          for (int e = 0; e < V; ++e) x[e] = combine(x[e], P{E::up(va.v[e]), E::up(vb.v[e])});
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < V; ++e) s_agg[w][lane * V + e] = x[e];
+    __syncthreads();
+
+    // 2. the tile's aggregate per channel (warps folded in order), publish, look back
+    P t[PER], h0p[PER];
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+      const int ch = tid + m * THREADS;
+      if (ch < CW) {
+        P acc = s_agg[0][ch];
+#pragma unroll
+        for (int q = 1; q < NW; ++q) acc = combine(acc, s_agg[q][ch]);
+        t[m] = acc;
+        const int64_t c = ct * CW + ch;
+        h0p[m] = c < inner ? h0_pair<T>(d, o * inner + c) : identity<S>();
+        if (k > 0) stcg_pair(agg_v + (size_t)cur * CW + ch, acc);
+      }
+    }
+    int64_t j = -1;
+    if (k > 0) {
+      __syncthreads();  // the agg values of every thread, then one release by lane 0 below
+      if (w == 0) {
+        if (lane == 0) st_release(flags + cur, ST_AGG);
+        int64_t hi = k - 1;
+        while (true) {
+          const int64_t c = hi - 31 + lane;
+          uint32_t f = ST_INC;  // chunks before the first: the virtual inclusive (1, h0)
+          while (true) {
+            if (c >= 0) f = ld_acquire(flags + c * nchains + chain);
+            if (!__any_sync(0xffffffffu, f == ST_INVALID)) break;
+          }
+          const unsigned mask = __ballot_sync(0xffffffffu, f == ST_INC);
+          if (mask) {
+            j = hi - 31 + (31 - __clz(mask));
+            break;
+          }
+          hi -= 32;
+        }
+        if (lane == 0) s_j = j;
+      }
+      __syncthreads();
+      j = s_j;
+    }
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+      const int ch = tid + m * THREADS;
+      if (ch < CW) {
+        P acc = j < 0 ? h0p[m] : ldcg_pair(inc_v + (size_t)(j * nchains + chain) * CW + ch);
+        const P* g = agg_v + (size_t)chain * CW + ch;  // agg of chunk c at g[c * nchains * CW]
+        const size_t gs = (size_t)nchains * CW;
+        int64_t c = j + 1;
+        for (; c + 4 <= k; c += 4) {  // four independent L2 loads, then the ordered fold
+          const P g0 = ldcg_pair(g + c * gs), g1 = ldcg_pair(g + (c + 1) * gs);
+          const P g2 = ldcg_pair(g + (c + 2) * gs), g3 = ldcg_pair(g + (c + 3) * gs);
+          acc = combine(combine(combine(combine(acc, g0), g1), g2), g3);
+        }
+        for (; c < k; ++c) acc = combine(acc, ldcg_pair(g + c * gs));
+        s_excl[ch] = acc;
+        stcg_pair(inc_v + (size_t)cur * CW + ch, combine(acc, t[m]));
+      }
+    }
+    __syncthreads();
+    if (tid == 0) st_release(flags + cur, ST_INC);
+
+    // 3. second walk from shared memory: prefix = excl o (earlier warps), then the steps
+    if (r.active) {
+      P c[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const int ch = lane * V + e;
+        P acc = s_excl[ch];
+#pragma unroll
+        for (int q = 0; q < NW; ++q)
+          if (q < w) acc = combine(acc, s_agg[q][ch]);
+        c[e] = acc;
+      }
+      T* ph = H + r.off;
+      if (AP) {
+        T* pp = AP + r.off;
+#pragma unroll
+        for (int i = 0; i < SPW; ++i) {
+          if (i < r.n) {
+            Vec16<T> va, vb, vh, vp;
+            *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
+            *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+              c[e] = combine(c[e], P{E::up(va.v[e]), E::up(vb.v[e])});
+              vh.v[e] = E::down(c[e].b);
+              vp.v[e] = E::down(c[e].a);
+            }
+            store16(ph, vh);
+            store16(pp, vp);
+          }
+          ph += step;
+          pp += step;
+        }
+      } else {  // h only: the running product is not needed (same b bits: fma(a, b1, b2))
+#pragma unroll
+        for (int i = 0; i < SPW; ++i) {
+          if (i < r.n) {
+            Vec16<T> va, vb, vh;
+            *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
+            *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+              c[e].b = s_fma(E::up(va.v[e]), c[e].b, E::up(vb.v[e]));
+              vh.v[e] = E::down(c[e].b);
+            }
+            store16(ph, vh);
+          }
+          ph += step;
+        }
+      }
+    }
+    if (NBUF == 1) {  // non-persistent grid: one tile per block
+      return;
+    }
+    if (nxt >= ntiles) break;
+    // the next iteration's first barrier orders this walk's reads of s_agg / s_excl before
+    // they are overwritten, and this buffer's reads before the loads into it
+    cur = nxt;
+    buf ^= 1;
+    par ^= 1;
+  }
+  cp_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------
 // Host side: plan and launch.
 template <class T>
 struct Config {
@@ -1141,6 +1423,88 @@ struct Config {
   static constexpr size_t sw_smem() { return size_t(SW_STAGES) * SW_K * 2 * 32 * WalkCfg<T>::VB; }
 };
 
+// strided_stage host side, for any geometry (the variant bench launches several; the
+// package uses StageTune<T>).
+template <class T>
+struct StageTune {  // docs/PERFORMANCE_CUDA.md section 5: 8 warps x 8 steps, one tile per
+  // block (64 KB staged: 3 blocks/SM for 4-byte types, 2 for 16-bit types) measured best
+  // or within 5% of the best at every large strided shape; the persistent two-tile
+  // variants (NBUF = 2) measured slower everywhere
+  static constexpr int NW = 8, SPW = 8, NBUF = 1;
+};
+
+template <class T, int NW, int SPW>
+struct StageGeom {
+  using S = typename Elem<T>::S;
+  static constexpr int CW = StageCfg<T>::CW;
+  static constexpr int LC = NW * SPW;
+  int64_t nct, nchains, nchunks, ntiles;
+  size_t flag_bytes, value_bytes;
+  explicit StageGeom(const ScanProblem& p) {
+    nct = (p.inner + CW - 1) / CW;
+    nchains = p.outer * nct;
+    nchunks = (p.L + LC - 1) / LC;
+    ntiles = nchains * nchunks;
+    flag_bytes = round_up((size_t)ntiles * 4, 256);
+    value_bytes = round_up((size_t)ntiles * CW * sizeof(Pair<S>), 256);
+  }
+  size_t total() const { return 256 + flag_bytes + 2 * value_bytes; }
+};
+
+// 16-byte vectors along the channels are legal (else the plan falls back to lookback_regs)
+template <class T>
+bool stage_legal(const ScanProblem& p) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
+                         reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
+  return p.inner > 1 && (bits & 15) == 0 && p.inner % StageCfg<T>::V == 0;
+}
+
+template <class T, int NW, int SPW, int NBUF>
+cudaError_t stage_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
+  const StageGeom<T, NW, SPW> g(p);
+  if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
+  auto kernel = strided_stage_kernel<T, NW, SPW, NBUF>;
+  const size_t smem = size_t(NBUF) * NW * SPW * 1024;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  static std::atomic<int> resident[64];  // per device: blocks per SM (0: not asked yet)
+  const int slot = dev & 63;
+  int per_sm = resident[slot].load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, NW * 32, smem);
+    int sms = 0;
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    per_sm = per_sm * sms > 0 ? per_sm * sms : 1;  // stored: resident blocks on the device
+    resident[slot].store(per_sm, std::memory_order_relaxed);
+  }
+  Dev d{};
+  d.a = p.a;
+  d.b = p.b;
+  d.h0 = p.h0;
+  d.h = p.h;
+  d.aprod = p.aprod;
+  d.L = p.L;
+  d.inner = p.inner;
+  d.nchains = g.nchains;
+  d.nchunks = g.nchunks;
+  d.nct = g.nct;
+  d.reverse = p.reverse;
+  d.vec = true;
+  char* base = static_cast<char*>(scratch);
+  d.counter = reinterpret_cast<unsigned*>(base);
+  d.status = base + 256;
+  d.nstatus = (size_t)g.ntiles;
+  d.carry = base + 256 + g.flag_bytes;
+  err = cudaMemsetAsync(base, 0, 256 + g.flag_bytes, stream);
+  if (err != cudaSuccess) return err;
+  const int64_t grid = NBUF == 1 ? g.ntiles : (g.ntiles < per_sm ? g.ntiles : per_sm);
+  kernel<<<(unsigned)grid, NW * 32, smem, stream>>>(d);
+  return cudaGetLastError();
+}
+
 struct Plan {
   int algo;
   bool strided;
@@ -1158,8 +1522,18 @@ Plan make_plan(const ScanProblem& p) {
   using C = Config<T>;
   using S = typename C::S;
   Plan pl{};
-  pl.algo = p.algorithm == kAuto ? resolve_algorithm(p) : p.algorithm;
+  pl.algo = p.algorithm == kAuto ? resolve_algorithm(p, (int)sizeof(T)) : p.algorithm;
   pl.strided = p.inner > 1;
+  if (pl.algo == kStridedStage && !stage_legal<T>(p)) pl.algo = kLookbackRegs;
+  if (pl.algo == kStridedStage) {
+    using TU = StageTune<T>;
+    const StageGeom<T, TU::NW, TU::SPW> g(p);
+    pl.nct = g.nct;
+    pl.nchains = g.nchains;
+    pl.nchunks = g.nchunks;
+    pl.total_bytes = g.total();
+    return pl;
+  }
   if (pl.algo == kRowWalk && pl.strided) pl.algo = kStridedWalk;
   if (pl.algo == kStridedWalk && !pl.strided) pl.algo = kRowWalk;
   if (pl.algo == kRowWalk || pl.algo == kStridedWalk) {  // no scratch at all
@@ -1226,6 +1600,10 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   if (ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
   const uintptr_t align_bits0 = reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
                                 reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
+  if (pl.algo == kStridedStage) {
+    using TU = StageTune<T>;
+    return stage_launch<T, TU::NW, TU::SPW, TU::NBUF>(p, scratch, stream);
+  }
   if (pl.algo == kRowWalk || pl.algo == kStridedWalk) {
     Dev d{};
     d.a = p.a;

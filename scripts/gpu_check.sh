@@ -3,10 +3,15 @@
 # (memcheck, racecheck, synccheck) on a small standalone driver, determinism (500 runs),
 # the > 2^31-element check and the benchmark. Everything lands under $OUT (default ./out).
 #   STAGES="build driver pytest sanitize determinism big bench" scripts/gpu_check.sh
+#   (also: DRIVER=prebuilt scan_driver, BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
+#    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # Each stage has its own time limit so that a hang cannot eat the whole call.
+# Only a few files come back from the device: the stage logs go to $LOGS and are joined
+# into $OUT/stages.log at the end; the benchmark writes its JSON / Markdown into $OUT.
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
+LOGS=${LOGS:-/tmp/gpu_check_logs}
+mkdir -p "$OUT" "$LOGS"
 STAGES=${STAGES:-"build driver pytest determinism big bench sanitize"}
 ARCH=${ARCH:-90}
 PY=${PY:-python3}
@@ -18,10 +23,10 @@ step() {  # step NAME LIMIT CMD...
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s)
   echo "=== $name (limit ${limit}s)"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   echo "=== $name rc=$rc in $(( $(date +%s) - t0 ))s"
-  tail -n "${TAIL:-15}" "$OUT/$name.log"
+  tail -n "${TAIL:-15}" "$LOGS/$name.log"
   [[ $rc -ne 0 ]] && status=1
   return $rc
 }
@@ -31,40 +36,55 @@ step() {  # step NAME LIMIT CMD...
   nvcc --version | tail -2
   git rev-parse HEAD 2>/dev/null
   $PY -c "import jax; print('jax', jax.__version__, jax.devices())"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+} > "$LOGS/env.txt" 2>&1
+cat "$LOGS/env.txt"
 
 BIN=${BIN:-/tmp/jss_bin}
 mkdir -p "$BIN"
-if has driver || has sanitize || has determinism || has big || has bench; then
-  # the standalone driver and the CUB baseline build in the background while pip builds
-  ( nvcc -O2 -std=c++17 -arch=sm_$ARCH -lineinfo -Icuda cuda/tools/scan_driver.cu cuda/scan_f32.cu \
-      cuda/scan_f64.cu cuda/scan_bf16.cu cuda/scan_f16.cu cuda/scan_c64.cu cuda/dispatch.cc -o "$BIN/scan_driver" \
-      > "$OUT/build_driver.log" 2>&1
-    nvcc -O3 -std=c++17 -arch=sm_$ARCH benchmarks/cub_affine_scan.cu -o "$BIN/cub_affine_scan" \
-      >> "$OUT/build_driver.log" 2>&1 ) &
-  BG=$!
-fi
-
+# The package builds in the background (pip) while the driver stages run on the GPU.
+# DRIVER=path: a scan_driver built elsewhere from this tree (e.g. carried); else built here.
 if has build; then
   PIPCMD=($PY -m pip install --no-build-isolation --no-deps -v . -C build-dir=/tmp/jss_build
-          -C cmake.define.CMAKE_CUDA_ARCHITECTURES=$ARCH -C cmake.define.JAX_SELSCAN_CUDA=ON)
-  step build 420 "${PIPCMD[@]}" || { echo "retrying without the CPU extension";
-    step build_nocpu 420 "${PIPCMD[@]}" -C cmake.define.JAX_SELSCAN_CPU=OFF; }
+          -C cmake.define.CMAKE_CUDA_ARCHITECTURES=$ARCH -C cmake.define.JAX_SELSCAN_CUDA=ON
+          -C cmake.define.JAX_SELSCAN_CPU=${JSS_CPU:-OFF})
+  ( t0=$(date +%s); timeout 420 "${PIPCMD[@]}" > "$LOGS/build.log" 2>&1; rc=$?
+    echo "=== build rc=$rc in $(( $(date +%s) - t0 ))s" >> "$LOGS/build.log"; exit $rc ) &
+  PIP_PID=$!
 fi
-[[ -n "${BG:-}" ]] && wait $BG && echo "driver + cub built" || true
-(cd /tmp && $PY -c "import jax_selscan as j; print('has_cuda_kernels', j.has_cuda_kernels)")
+if has bench; then
+  nvcc -O3 -std=c++17 -arch=sm_$ARCH benchmarks/cub_affine_scan.cu -o "$BIN/cub_affine_scan" \
+    > "$LOGS/build_cub.log" 2>&1 &
+  CUB_PID=$!
+fi
+DRV=${DRIVER:-}
+if [[ -n "$DRV" ]] && ! timeout 30 "$DRV" tiny strided_stage > /dev/null 2>&1; then
+  echo "DRIVER=$DRV does not run here: building it"; DRV=
+fi
+if [[ -z "$DRV" ]] && { has driver || has sanitize || has determinism || has big; }; then
+  nvcc -O2 -std=c++17 -arch=sm_$ARCH -lineinfo --expt-relaxed-constexpr -Icuda cuda/tools/scan_driver.cu \
+    cuda/scan_f32.cu cuda/scan_f64.cu cuda/scan_bf16.cu cuda/scan_f16.cu cuda/scan_c64.cu cuda/dispatch.cc \
+    -o "$BIN/scan_driver" > "$LOGS/build_driver.log" 2>&1 || status=1
+  DRV="$BIN/scan_driver"
+fi
 
-# the benchmark runs early so that a call cut short by its time limit still brings it back
-has driver && step driver 240 "$BIN/scan_driver" check
-has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
-has determinism && step determinism 240 "$BIN/scan_driver" determinism 500
-has big && step big 300 "$BIN/scan_driver" big
-has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider
+has driver && step driver 240 "$DRV" check
+has determinism && step determinism 240 "$DRV" determinism 500
 if has sanitize; then
   for tool in memcheck racecheck synccheck; do
-    TAIL=6 step "sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/scan_driver" tiny
+    TAIL=6 step "sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$DRV" tiny
   done
 fi
+has big && step big 300 "$DRV" big
+if [[ -n "${PIP_PID:-}" ]]; then
+  wait $PIP_PID || status=1
+  tail -n 3 "$LOGS/build.log"
+fi
+[[ -n "${CUB_PID:-}" ]] && { wait $CUB_PID || echo "cub build failed"; }
+(cd /tmp && $PY -c "import jax_selscan as j; print('has_cuda_kernels', j.has_cuda_kernels)") || status=1
+has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
+has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider ${PYTEST_ARGS:-}
+for f in env.txt "$LOGS"/*.log; do
+  f=$(basename "$f"); [[ -f "$LOGS/$f" ]] && { echo "##### $f"; cat "$LOGS/$f"; }
+done > "$OUT/stages.log" 2>&1
 echo "gpu_check status=$status"
 exit $status

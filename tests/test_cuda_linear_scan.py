@@ -89,6 +89,8 @@ SHAPES = [
     ((4, 3, 70), 2),       # short rows
     ((520, 64), 1),        # >= 512 rows: auto runs row_walk (16-byte vectors)
     ((600, 37), 1),        # >= 512 rows, L not a multiple of the vector width: row_walk scalars
+    ((2, 700, 264), 1),    # strided, 16-byte vectors for every dtype: auto runs strided_stage
+                           # (11 chunks of 64 steps, a partial channel tile)
 ]
 
 

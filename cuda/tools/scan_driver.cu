@@ -3,7 +3,8 @@
 // > 2^31-element check. Build:
 //   nvcc -O2 -std=c++17 -arch=sm_90 -Icuda cuda/tools/scan_driver.cu cuda/scan_*.cu cuda/dispatch.cc
 // Modes:  check            all algorithms x layouts x dtypes (f32, f64, bf16, c64) on small shapes
-//         determinism N    N runs of one input, bitwise compared on the device
+//         determinism N [S] N runs of one input, bitwise compared on the device (cases matching S)
+//         tiny [NAME]      the sanitizer shapes (only kernel NAME, e.g. strided_stage)
 //         big              more than 2^31 elements, contiguous and strided, checked in windows
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,7 +29,8 @@
   } while (0)
 
 static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
-                               "lookback_regs", "hillis_steele", "row_walk", "strided_walk"};
+                               "lookback_regs", "hillis_steele", "row_walk", "strided_walk",
+                               "strided_stage"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double urand() {
@@ -140,16 +142,23 @@ bool run_case(int64_t outer, int64_t L, int64_t inner, bool reverse, int algo) {
   return ok;
 }
 
+static int g_only_algo = -1;  // "tiny NAME" / "quick NAME": only that kernel
+
 static int mode_check(bool quick, bool tiny = false) {
   int fails = 0;
   struct S { int64_t o, L, i; };
-  std::vector<S> shapes = {{3, 5000, 1}, {2, 4099, 1}, {1, 20000, 1}, {2, 300, 132}, {1, 1000, 130}, {3, 7, 5}};
-  if (quick) shapes = {{2, 5000, 1}, {1, 9001, 1}, {2, 300, 132}, {1, 200, 130}};
-  if (tiny) shapes = {{2, 5000, 1}, {1, 300, 132}};
+  // strided_stage needs inner % (16 / sizeof(T)) == 0 (else it falls back to lookback_regs):
+  // (2, 300, 132) and (1, 777, 264) run it for every dtype but bf16 at 132; (1, 5000, 136)
+  // has 79 chunks of 64 steps (a look-back window of 32 and more) and partial channel tiles
+  std::vector<S> shapes = {{3, 5000, 1}, {2, 4099, 1}, {1, 20000, 1}, {2, 300, 132}, {1, 1000, 130},
+                           {3, 7, 5},    {1, 777, 264}, {1, 5000, 136}};
+  if (quick) shapes = {{2, 5000, 1}, {1, 9001, 1}, {2, 300, 132}, {1, 200, 130}, {1, 777, 264}};
+  if (tiny) shapes = {{2, 5000, 1}, {1, 300, 132}, {1, 333, 264}};
   // every named algorithm and the internal walk kernels (kRowWalk on a strided shape runs
   // the strided walk and vice versa, so each walk kernel is checked in both layouts' list)
   for (int algo = 0; algo < jss::kNumInternal; ++algo)
     for (auto s : shapes)
+      if (g_only_algo < 0 || algo == g_only_algo)
       for (int rev = 0; rev < 2; ++rev) {
         fails += !run_case<float>(s.o, s.L, s.i, rev, algo);
         fails += !run_case<double>(s.o, s.L, s.i, rev, algo);
@@ -178,7 +187,7 @@ __global__ void diff_kernel(const unsigned* x, const unsigned* y, int64_t n, uns
     if (x[i] != y[i]) atomicAdd(bad, 1u);
 }
 
-static int mode_determinism(int runs) {
+static int mode_determinism(int runs, const std::string& filter) {
   struct D { const char* what; int64_t o, L, i; int algo; };
   std::vector<D> cases = {
       {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kLookbackRegs},
@@ -191,9 +200,14 @@ static int mode_determinism(int runs) {
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedWalk},
       {"contiguous 4096x4096 auto", 4096, 4096, 1, jss::kAuto},
       {"strided L=4096 C=24576 auto", 1, 4096, 24576, jss::kAuto},
+      {"strided L=65536 C=1024", 1, 65536, 1024, jss::kStridedStage},
+      {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedStage},
+      {"strided L=65536 C=1024 auto", 1, 65536, 1024, jss::kAuto},
+      {"strided L=1024 C=24576 auto", 1, 1024, 24576, jss::kAuto},  // auto: strided_stage
   };
   int fails = 0;
   for (auto& c : cases) {
+    if (!filter.empty() && (std::string(c.what) + " " + kNames[c.algo]).find(filter) == std::string::npos) continue;
     const int64_t n = c.o * c.L * c.i;
     float *a, *b, *h0, *h, *ref;
     unsigned* bad;
@@ -288,10 +302,13 @@ static int mode_big() {
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "check";
+  if ((mode == "tiny" || mode == "quick") && argc > 2)
+    for (int k = 0; k < jss::kNumInternal; ++k)
+      if (std::string(argv[2]) == kNames[k]) g_only_algo = k;
   if (mode == "check") return mode_check(false);
   if (mode == "quick") return mode_check(true);
   if (mode == "tiny") return mode_check(true, true);
-  if (mode == "determinism") return mode_determinism(argc > 2 ? std::atoi(argv[2]) : 500);
+  if (mode == "determinism") return mode_determinism(argc > 2 ? std::atoi(argv[2]) : 500, argc > 3 ? argv[3] : "");
   if (mode == "big") return mode_big();
   std::printf("unknown mode %s\n", mode.c_str());
   return 2;

@@ -5,7 +5,9 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Icuda cuda/tools/variant_bench.cu \
 //        cuda/dispatch.cc -o variant_bench && ./variant_bench [ncu]
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -138,6 +140,12 @@ void strided_lb(const ScanProblem& p, void* scratch) {
   strided_kernel<T, TPT, CARRY_LB_SERIAL, MINB><<<(unsigned)(pl.nchains * pl.nchunks), 256>>>(d);
 }
 
+// strided_stage at another geometry: NW warps x SPW steps per warp, NBUF tiles per block
+template <class T, int NW, int SPW, int NBUF>
+void stage(const ScanProblem& p, void* scratch) {
+  CK((stage_launch<T, NW, SPW, NBUF>(p, scratch, 0)));
+}
+
 template <class T>
 DType dt() { return sizeof(T) == 4 ? DType::F32 : DType::BF16; }
 
@@ -156,7 +164,7 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
   ScanProblem p;
   p.a = a; p.b = b; p.h0 = h0; p.h = h; p.outer = s.o; p.L = s.L; p.inner = s.i;
   // scratch big enough for any look-back variant here
-  size_t sb = 256 + (size_t)n / 16 * 16 + (1 << 20);
+  size_t sb = 256 + (size_t)n / 16 * 16 + (1 << 20);  // >= every variant here (stage: n/2 + flags at 32 steps)
   void* scratch; CK(cudaMalloc(&scratch, sb));
   auto named = [&](int algo) {
     return [&, algo]() {
@@ -176,12 +184,14 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"tile_lb_256x16_minb4", [&] { tile_lb<T, 256, 64 / sizeof(T), 4>(p, scratch); }});
     vs.push_back({"tile_lb_512x16_minb2", [&] { tile_lb<T, 512, 64 / sizeof(T), 2>(p, scratch); }});
   } else {
-    vs.push_back({"strided_walk_s8k4", [&] { strided_walk<T, 8, 4>(p); }});
-    vs.push_back({"strided_walk_s16k4", [&] { strided_walk<T, 16, 4>(p); }});
-    vs.push_back({"strided_walk_s8k8", [&] { strided_walk<T, 8, 8>(p); }});
-    vs.push_back({"strided_walk_s16k8", [&] { strided_walk<T, 16, 8>(p); }});
-    vs.push_back({"strided_lb_tpt4_minb3", [&] { strided_lb<T, 4, 3>(p, scratch); }});
-    vs.push_back({"strided_lb_tpt8_minb3", [&] { strided_lb<T, 8, 3>(p, scratch); }});
+    vs.push_back({"stage_w8s8_b1", [&] { stage<T, 8, 8, 1>(p, scratch); }});
+    vs.push_back({"stage_w8s4_b1", [&] { stage<T, 8, 4, 1>(p, scratch); }});
+    vs.push_back({"stage_w8s12_b1", [&] { stage<T, 8, 12, 1>(p, scratch); }});
+    vs.push_back({"stage_w16s4_b1", [&] { stage<T, 16, 4, 1>(p, scratch); }});
+    vs.push_back({"stage_w8s4_b2", [&] { stage<T, 8, 4, 2>(p, scratch); }});
+    vs.push_back({"stage_w8s6_b2", [&] { stage<T, 8, 6, 2>(p, scratch); }});
+    vs.push_back({"stage_w8s8_b2", [&] { stage<T, 8, 8, 2>(p, scratch); }});
+    vs.push_back({"stage_w4s8_b2", [&] { stage<T, 4, 8, 2>(p, scratch); }});
   }
   if (ncu) {  // one launch of each, for the profiler
     for (auto& v : vs) v.second();
@@ -226,6 +236,7 @@ int main(int argc, char** argv) {
     std::printf("copy ceiling %.0f GB/s\n", copy);
     cudaFree(x); cudaFree(y);
   }
+  const bool strided_only = std::getenv("VB_STRIDED") != nullptr;
   std::vector<Shape> shapes = {
       {"1 x 2^26", 1, 1 << 26, 1},          {"4096 x 16384", 4096, 16384, 1},
       {"12288 x 2048", 12288, 2048, 1},      {"65536 x 256", 65536, 256, 1},
@@ -234,8 +245,11 @@ int main(int argc, char** argv) {
       {"(1024, 1024) ax0", 1, 1024, 1024},   {"(16384, 4096) ax0", 1, 16384, 4096},
       {"1 x 2^20", 1, 1 << 20, 1},
   };
-  if (ncu) shapes = {{"4096 x 16384", 4096, 16384, 1}, {"(4096, 24576) ax0", 1, 4096, 24576},
-                     {"1 x 2^26", 1, 1 << 26, 1}};
+  if (strided_only)
+    shapes = {{"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024},
+              {"(16384, 4096) ax0", 1, 16384, 4096},  {"(1024, 1024) ax0", 1, 1024, 1024},
+              {"(2048, 32, 1024) ax1", 2048, 32, 1024}};
+  if (ncu) shapes = {{"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024}};
   for (auto& s : shapes) run_shape<float>(s, copy, ncu);
   if (!ncu)
     for (auto& s : shapes) run_shape<__nv_bfloat16>(s, copy, ncu);
