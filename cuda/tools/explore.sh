@@ -12,7 +12,7 @@ el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 python3 -m pip install --no-build-isolation --no-deps -q . -C build-dir=/tmp/jss_build \
   -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90 -C cmake.define.JAX_SELSCAN_CPU=OFF > /tmp/pip.log 2>&1 &
 PIP=$!
-{
+exec > >(tee "$OUT/explore.log") 2>&1  # not a { } | tee pipeline: "wait $PIP" needs this shell
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 if ! timeout 20 $B/drv tiny strided_stage > /tmp/tiny.log 2>&1; then
   el "carried binaries failed ($(tail -1 /tmp/tiny.log)); building here"; B=/tmp/jss_x; mkdir -p $B
@@ -39,5 +39,4 @@ PYTHONUNBUFFERED=1 timeout 75 python3 -P benchmarks/gpu_linear_scan.py --out "$O
 el "bench done"
 PYTHONUNBUFFERED=1 timeout 60 python3 -P -m pytest -q -x tests/test_cuda_linear_scan.py -k "auto" -p no:cacheprovider 2>&1 | tail -4
 el "end"
-} 2>&1 | tee "$OUT/explore.log"
 cat /tmp/check.log /tmp/san_*.log /tmp/pip.log > "$OUT/details.log" 2>/dev/null; cp /tmp/ncu1.txt /tmp/ncu2.txt "$OUT/" 2>/dev/null
