@@ -431,10 +431,16 @@ def plot(result, path):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
     ls = result["linear_scan"]
     x = np.arange(len(ls))
-    for off, (impl, lab) in zip((-0.2, 0.2), (("jax_selscan", "jax_selscan.linear_scan"),
-                                              ("lax.associative_scan", "lax.associative_scan"))):
-        ax1.bar(x + off, [r["GBps"][impl] or 0 for r in ls], 0.4, label=lab)
-    ax1.axhline(result["copy"]["GBps"], color="k", ls="--", lw=1, label="copy bandwidth")
+    impls = [("jax_selscan", "jax_selscan.linear_scan"),
+             ("lax.associative_scan", "lax.associative_scan")]
+    if all("elementwise" in r["GBps"] for r in ls):
+        impls.append(("elementwise", "elementwise a*b, same arrays"))
+    w = 0.8 / len(impls)
+    for j, (impl, lab) in enumerate(impls):
+        ax1.bar(x + (j - (len(impls) - 1) / 2) * w, [r["GBps"][impl] or 0 for r in ls], w,
+                label=lab)
+    ax1.axhline(result["copy"]["GBps"], color="k", ls="--", lw=1,
+                label="copy bandwidth (large array)")
     ax1.set_xticks(x, [r["case"] for r in ls], rotation=30, ha="right", fontsize=7)
     ax1.set_ylabel("GB/s (12 bytes / element)")
     ax1.set_title("linear_scan, float32")
