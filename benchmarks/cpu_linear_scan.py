@@ -96,6 +96,8 @@ def main():
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_linear_scan"),
                     help="output path without extension")
+    ap.add_argument("--git-commit", default=None,
+                    help="record this commit (e.g. when the package was built from an export)")
     args = ap.parse_args()
 
     if not jax_selscan.has_cpu_kernels:
@@ -136,7 +138,7 @@ def main():
                      system=platform.platform()),
         jax_version=jax.__version__, jaxlib_version=jax.lib.__version__ if hasattr(jax, "lib") else "",
         python=platform.python_version(), cpu_isa=_cpu.isa(), supported_isas=list(_cpu.supported_isas()),
-        git_commit=git_commit(), command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+        git_commit=args.git_commit or git_commit(), command=" ".join([os.path.basename(sys.executable)] + sys.argv),
         repeats=args.repeats, warmup=args.warmup, assoc_repeats=args.assoc_repeats,
         bytes_per_element=BYTES_PER_ELEMENT,
     )
