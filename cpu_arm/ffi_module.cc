@@ -182,6 +182,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanLinearScanProd, jax_selscan::LinearScanP
                                   .Attr<bool>("reverse")
                                   .Attr<int64_t>("algorithm"));
 
+// selective_scan (selective_scan_ffi.cc)
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxSelscanSelectiveScan);
+
 NB_MODULE(_cpu, m) {
   m.doc() = "jax_selscan CPU kernels (XLA FFI handlers)";
   m.def("registrations", [] {
@@ -189,6 +192,7 @@ NB_MODULE(_cpu, m) {
     d["jax_selscan_linear_scan"] = nb::capsule(reinterpret_cast<void*>(JaxSelscanLinearScan));
     d["jax_selscan_linear_scan_prod"] =
         nb::capsule(reinterpret_cast<void*>(JaxSelscanLinearScanProd));
+    d["jax_selscan_selective_scan"] = nb::capsule(reinterpret_cast<void*>(JaxSelscanSelectiveScan));
     return d;
   });
   m.def("isa", [] {

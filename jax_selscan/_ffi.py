@@ -10,6 +10,7 @@ import jax
 # FFI target names (must match the handler names registered below).
 LINEAR_SCAN = "jax_selscan_linear_scan"
 LINEAR_SCAN_PROD = "jax_selscan_linear_scan_prod"
+SELECTIVE_SCAN = "jax_selscan_selective_scan"
 
 
 def _register(module_name: str, platform: str) -> bool:

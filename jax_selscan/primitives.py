@@ -203,3 +203,187 @@ if _ffi.HAS_CPU:
     mlir.register_lowering(linear_scan_p, _ffi_rule, platform="cpu")
 if _ffi.HAS_CUDA:
     mlir.register_lowering(linear_scan_p, _ffi_rule, platform="cuda")
+
+
+# =====================================================================================
+# selective_scan_p: Mamba's selective scan (jax_selscan.selective_scan)
+# =====================================================================================
+#
+# Operands (always nine; an absent optional one is a placeholder array of shape (0,)
+# with its has_* parameter False):
+#   u, delta (batch, D, L); A (D, N); B, C (D, N) or (batch, G, N, L); D (D,);
+#   z (batch, D, L); delta_bias (D,); h0 (batch, D, N).
+# Results: [out (batch, D, L) in u's dtype, last_fwd, last_rev], the last states
+# (batch, D, N) in the compute dtype when return_last_state and the direction has
+# them, else placeholders of shape (0,).
+# Lowering: the CPU FFI kernel when every operand is float32/bfloat16/float16;
+# otherwise (float64, other platforms) the pure-JAX formulation
+# (selective_scan._compute_jax). Differentiation is not defined on the primitive:
+# selective_scan wraps it in a jax.custom_jvp (see selective_scan.py).
+
+SS_DIRECTIONS = ("forward", "reverse", "bidirectional")
+_SS_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
+
+selective_scan_p = Primitive("jax_selscan_selective_scan")
+selective_scan_p.multiple_results = True
+
+
+def _ss_last_shapes(u, A, direction, return_last_state):
+    full = (u.shape[0], u.shape[1], A.shape[1])
+    want_f = return_last_state and direction in ("forward", "bidirectional")
+    want_r = return_last_state and direction in ("reverse", "bidirectional")
+    return (full if want_f else (0,)), (full if want_r else (0,))
+
+
+def selective_scan_bind(u, delta, A, B, C, D, z, delta_bias, h0, *, delta_softplus,
+                        return_last_state, direction):
+    """Bind the primitive; None for absent optional arrays. Returns (out, last_fwd, last_rev)."""
+    ph = lambda: jnp.zeros((0,), jnp.float32)
+    ops = [u, delta, A, B, C] + [ph() if x is None else x for x in (D, z, delta_bias, h0)]
+    return selective_scan_p.bind(
+        *ops, delta_softplus=bool(delta_softplus), return_last_state=bool(return_last_state),
+        direction=direction, has_D=D is not None, has_z=z is not None,
+        has_delta_bias=delta_bias is not None, has_h0=h0 is not None)
+
+
+@functools.lru_cache(maxsize=None)
+def _ss_jitted(**params):
+    return jax.jit(lambda *ops: selective_scan_p.bind(*ops, **params))
+
+
+def _ss_impl(*ops, **params):
+    # Eager calls the kernel does not take (float64, no CPU kernel) run the pure-JAX
+    # formulation op by op, as before the primitive existed, instead of compiling a
+    # program per combination of options.
+    has = (params["has_D"], params["has_z"], params["has_delta_bias"], params["has_h0"])
+    if not (_ffi.HAS_CPU and _ss_kernel_supports(ops, has)):
+        return _ss_fallback(*ops, **params)
+    return _ss_jitted(**params)(*ops)
+
+
+selective_scan_p.def_impl(_ss_impl)
+
+
+def _ss_compute_dtype(ops, has):
+    present = [x for x, h in zip(ops, (True,) * 5 + has) if h]
+    return state_dtype(jnp.result_type(*[x.dtype for x in present]))
+
+
+def _ss_abstract_eval(u, delta, A, B, C, D, z, delta_bias, h0, *, delta_softplus,
+                      return_last_state, direction, has_D, has_z, has_delta_bias, has_h0):
+    if direction not in SS_DIRECTIONS:
+        raise ValueError(f"selective_scan: direction must be one of {SS_DIRECTIONS}")
+    if u.ndim != 3 or delta.shape != u.shape or A.ndim != 2 or A.shape[0] != u.shape[1]:
+        raise ValueError("selective_scan: u, delta must be (batch, D, L) and A (D, N)")
+    cd = _ss_compute_dtype((u, delta, A, B, C, D, z, delta_bias, h0),
+                           (has_D, has_z, has_delta_bias, has_h0))
+    sf, sr = _ss_last_shapes(u, A, direction, return_last_state)
+    return [jax.core.ShapedArray(u.shape, u.dtype), jax.core.ShapedArray(sf, cd),
+            jax.core.ShapedArray(sr, cd)]
+
+
+selective_scan_p.def_abstract_eval(_ss_abstract_eval)
+
+
+def _ss_batch(args, dims, *, direction, return_last_state, has_D, has_z, has_delta_bias,
+              has_h0, **params):
+    """Fold the vmapped axis into batch when the per-channel operands are shared,
+    otherwise into the channels (D becomes V*D, G becomes V*G). No loop either way."""
+    u, delta, A, B, C, D, z, delta_bias, h0 = args
+    has = dict(D=has_D, z=has_z, delta_bias=has_delta_bias, h0=has_h0)
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")
+    present = {n: (True if n in "u delta A B C".split() else has[n]) for n in names}
+    moved = {}
+    for n, x, d in zip(names, args, dims):
+        if not present[n]:
+            moved[n] = x
+        elif d is None:
+            moved[n] = jnp.broadcast_to(x, (size,) + x.shape)
+        else:
+            moved[n] = jnp.moveaxis(x, d, 0)
+    shared = all(dims[names.index(n)] is None or not present[n] for n in ("A", "D", "delta_bias"))
+    bc_invariant_batched = any(
+        dims[names.index(n)] is not None and args[names.index(n)].ndim == 3 for n in ("B", "C"))
+    V = size
+    kw = dict(direction=direction, return_last_state=return_last_state, has_D=has_D, has_z=has_z,
+              has_delta_bias=has_delta_bias, has_h0=has_h0, **params)
+    if shared and not bc_invariant_batched:
+        # (V, batch, ...) -> (V * batch, ...); per-channel operands unchanged.
+        ops = []
+        for n, x, d in zip(names, args, dims):
+            if not present[n] or n in ("A", "D", "delta_bias") or (n in ("B", "C") and x.ndim == 2 and d is None):
+                ops.append(x)
+            else:
+                m = moved[n]
+                ops.append(m.reshape((V * m.shape[1],) + m.shape[2:]))
+        outs = selective_scan_p.bind(*ops, **kw)
+        res = [o.reshape((V, o.shape[0] // V) + o.shape[1:]) if o.ndim > 1 else
+               jnp.zeros((V,) + o.shape, o.dtype) for o in outs]
+        return res, [0, 0, 0]
+    # Channels: (V, batch, D, ...) -> (batch, V * D, ...); (V, D, ...) -> (V * D, ...).
+    ops = []
+    for n in names:
+        m = moved[n]
+        if not present[n]:
+            ops.append(args[names.index(n)])
+        elif n in ("A", "D", "delta_bias") or (n in ("B", "C") and m.ndim == 3):
+            ops.append(m.reshape((V * m.shape[1],) + m.shape[2:]))
+        else:  # (V, batch, D or G, ...)
+            m = jnp.swapaxes(m, 0, 1)
+            ops.append(m.reshape((m.shape[0], V * m.shape[2]) + m.shape[3:]))
+    outs = selective_scan_p.bind(*ops, **kw)
+    res = []
+    for o in outs:
+        if o.ndim == 1:
+            res.append(jnp.zeros((V,) + o.shape, o.dtype))
+        else:
+            o = o.reshape((o.shape[0], V, o.shape[1] // V) + o.shape[2:])
+            res.append(jnp.swapaxes(o, 0, 1))
+    return res, [0, 0, 0]
+
+
+batching.primitive_batchers[selective_scan_p] = _ss_batch
+
+
+def _ss_fallback(u, delta, A, B, C, D, z, delta_bias, h0, *, delta_softplus, return_last_state,
+                 direction, has_D, has_z, has_delta_bias, has_h0):
+    """Pure-JAX lowering (float64 or no kernel): the materialised formulation."""
+    import importlib   # selective_scan imports this module (and the package re-exports a function of that name)
+    _ss = importlib.import_module(__package__ + ".selective_scan")
+    opt = lambda x, h: x if h else None
+    outs = _ss._compute_jax_parts(
+        u, delta, A, B, C, opt(D, has_D), opt(z, has_z), opt(delta_bias, has_delta_bias),
+        opt(h0, has_h0), delta_softplus, direction)
+    out, last_f, last_r = outs
+    sf, sr = _ss_last_shapes(u, A, direction, return_last_state)
+    cd = _ss_compute_dtype((u, delta, A, B, C, D, z, delta_bias, h0),
+                           (has_D, has_z, has_delta_bias, has_h0))
+    fix = lambda x, s: x.astype(cd) if s != (0,) else jnp.zeros((0,), cd)
+    return [out, fix(last_f, sf), fix(last_r, sr)]
+
+
+_ss_fallback_rule = mlir.lower_fun(_ss_fallback, multiple_results=True)
+mlir.register_lowering(selective_scan_p, _ss_fallback_rule)
+
+
+def _ss_kernel_supports(avals, has):
+    present = [a for a, h in zip(avals, (True,) * 5 + has) if h]
+    return all(np.dtype(a.dtype) in _SS_KERNEL_DTYPES for a in present)
+
+
+def _ss_cpu_rule(ctx, *ops, delta_softplus, return_last_state, direction, has_D, has_z,
+                 has_delta_bias, has_h0):
+    params = dict(delta_softplus=delta_softplus, return_last_state=return_last_state,
+                  direction=direction, has_D=has_D, has_z=has_z, has_delta_bias=has_delta_bias,
+                  has_h0=has_h0)
+    if not _ss_kernel_supports(ctx.avals_in, (has_D, has_z, has_delta_bias, has_h0)):
+        return _ss_fallback_rule(ctx, *ops, **params)
+    return jax.ffi.ffi_lowering(_ffi.SELECTIVE_SCAN)(
+        ctx, *ops, delta_softplus=np.bool_(delta_softplus),
+        direction=np.int64(SS_DIRECTIONS.index(direction)), has_D=np.bool_(has_D),
+        has_z=np.bool_(has_z), has_delta_bias=np.bool_(has_delta_bias), has_h0=np.bool_(has_h0))
+
+
+if _ffi.HAS_CPU:
+    mlir.register_lowering(selective_scan_p, _ss_cpu_rule, platform="cpu")

@@ -8,12 +8,15 @@
 The public function is split in two so that a kernel primitive can slot in
 behind the same checks: ``_validate`` normalises and checks every argument
 (clear errors at trace time, naming the argument) and ``_compute`` evaluates a
-validated call. ``_compute`` is currently pure JAX: the (batch, D, N, L)
-tensors are materialised and the recurrence runs through the package's
-``linear_scan`` along L (contiguous axis).
+validated call through the ``selective_scan_p`` primitive (primitives.py): the
+fused CPU kernel (cpu_arm/selective_scan.h) for float32/bfloat16/float16 inputs
+on CPU, otherwise ``_compute_jax``, where the (batch, D, N, L) tensors are
+materialised and the recurrence runs through the package's ``linear_scan``
+along L. Derivatives: a custom JVP from ``_compute_jax`` (forward and reverse mode).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -21,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import check_array, check_bool, state_dtype
+from . import primitives
 from .linear_scan import linear_scan
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
@@ -212,9 +216,64 @@ def _linear_scan(dA, dBu, h0, reverse):
     return linear_scan(dA, dBu, axis=3, reverse=reverse, h0=h0)
 
 
-def _compute(args: ScanArgs):
-    """The current implementation: materialised tensors + linear_scan along L."""
+def _compute_jax(args: ScanArgs):
+    """The pure-JAX formulation: materialised tensors + linear_scan along L."""
     return run_directions(args, _linear_scan)
+
+
+def _args_from(u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus, return_last_state,
+               direction):
+    compute = _compute_dtype(u, delta, A, B, C, D, z, delta_bias, h0)
+    return ScanArgs(u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus, return_last_state,
+                    direction, compute, jax.dtypes.canonicalize_dtype(u.dtype))
+
+
+def _compute_jax_parts(u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus, direction):
+    """(out, last_fwd, last_rev) by the pure-JAX formulation (None for a missing direction).
+
+    The primitive's fallback lowering (float64, platforms without a kernel)."""
+    args = _args_from(u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus, True, direction)
+    out, last = _compute_jax(args)
+    if direction == "forward":
+        return out, last, None
+    if direction == "reverse":
+        return out, None, last
+    return out, last[0], last[1]
+
+
+def _assemble(outs, return_last_state, direction):
+    out, last_f, last_r = outs
+    if not return_last_state:
+        return out
+    last = {"forward": last_f, "reverse": last_r, "bidirectional": (last_f, last_r)}[direction]
+    return out, last
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(9, 10, 11))
+def _scan_kernel(u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus, return_last_state,
+                 direction):
+    outs = primitives.selective_scan_bind(
+        u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus=delta_softplus,
+        return_last_state=return_last_state, direction=direction)
+    return _assemble(outs, return_last_state, direction)
+
+
+@_scan_kernel.defjvp
+def _scan_kernel_jvp(delta_softplus, return_last_state, direction, primals, tangents):
+    # Derivatives come from the pure-JAX formulation (its JVP, and under grad the
+    # transpose of that JVP): correct for every argument, but it materialises the
+    # (batch, D, N, L) tensors like _compute_jax does. See docs/PERFORMANCE_CPU.md.
+    def f(*ops):
+        return _compute_jax(_args_from(*ops, delta_softplus, return_last_state, direction))
+    return jax.jvp(f, primals, tangents)
+
+
+def _compute(args: ScanArgs):
+    """A validated call through the selective_scan primitive (CPU kernel when the
+    dtypes allow, pure JAX otherwise); differentiable through a custom JVP."""
+    return _scan_kernel(args.u, args.delta, args.A, args.B, args.C, args.D, args.z,
+                        args.delta_bias, args.h0, args.delta_softplus,
+                        args.return_last_state, args.direction)
 
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,

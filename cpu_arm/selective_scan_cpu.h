@@ -1,0 +1,26 @@
+// The CPU selective scan as a plain C++ function (no XLA types): the FFI
+// handler (selective_scan_ffi.cc) and the C++ tests both call it.
+#pragma once
+
+#include <string>
+
+#include "linear_scan_cpu.h"  // Executor, select_kernel_table
+#include "selective_scan_api.h"
+
+namespace jax_selscan {
+
+// The selective-scan table compiled for the ISA called `name` (a KernelTable
+// name), or null.
+const SsTable* ss_table_named(const std::string& name);
+
+// The table to use now (follows JAX_SELSCAN_CPU_ISA like the linear scan).
+const SsTable* select_ss_table(std::string* error);
+
+// Runs one call. Tasks are (batch row, tile of `lanes` channels of one group);
+// they are spread over the executor's threads, each thread reusing one
+// workspace. Bidirectional calls keep exp(delta A) of a task in a buffer of
+// length * dstate * lanes floats when that is at most kSsMaxDABytes.
+constexpr int64_t kSsMaxDABytes = int64_t(64) << 20;
+void selective_scan_cpu(const SsParams& p, const SsTable& table, Executor& executor);
+
+}  // namespace jax_selscan

@@ -1,0 +1,297 @@
+// C++ tests of the CPU selective scan against a scalar float64 reference, with
+// each ISA this CPU/build runs in turn (AVX-512, AVX2, generic on x86-64; NEON
+// and generic on aarch64): all options (D, z, delta_bias + softplus, h0, last
+// states, invariant / variable / grouped B and C with different groups), odd
+// lengths and channel counts, float32 / bfloat16 / float16 storage, the three
+// directions; the fused bidirectional result against forward + reverse of
+// separate calls; threads (results must be bit-identical to one thread).
+//
+//   ./test_selective_scan           all cases
+//   ./test_selective_scan --quick   fewer / smaller cases (for emulators)
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../dtypes.h"
+#include "../selective_scan_cpu.h"
+
+using namespace jax_selscan;
+
+namespace {
+
+int g_failures = 0, g_checks = 0;
+#define CHECK(cond, ...)                                 \
+  do {                                                   \
+    ++g_checks;                                          \
+    if (!(cond)) {                                       \
+      if (++g_failures <= 30) {                          \
+        std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+        std::printf(__VA_ARGS__);                        \
+        std::printf("\n");                               \
+      }                                                  \
+    }                                                    \
+  } while (0)
+
+class Threads final : public Executor {
+ public:
+  explicit Threads(int n) : n_(n) {}
+  int64_t num_threads() const override { return n_; }
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) override {
+    std::atomic<int64_t> next{0};
+    auto work = [&] { for (int64_t i; (i = next.fetch_add(1)) < n;) fn(i); };
+    std::vector<std::thread> ts;
+    for (int i = 1; i < n_ && i < n; ++i) ts.emplace_back(work);
+    work();
+    for (auto& t : ts) t.join();
+  }
+ private:
+  int n_;
+};
+
+// An operand stored in one of the three types; `v` holds the exact (rounded) values.
+struct Arr {
+  SsType t = SsType::kF32;
+  std::vector<double> v;
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+  bool present = false;
+  const void* ptr() const {
+    if (!present) return nullptr;
+    return t == SsType::kF32 ? static_cast<const void*>(f.data()) : static_cast<const void*>(h.data());
+  }
+};
+
+Arr make(std::mt19937& g, size_t n, SsType t, double scale, double shift, bool present = true) {
+  Arr a;
+  a.t = t;
+  a.present = present;
+  if (!present) return a;
+  std::normal_distribution<double> nd(0.0, 1.0);
+  a.v.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    float x = static_cast<float>(nd(g) * scale + shift);
+    if (t == SsType::kBF16) { uint16_t b = float_to_bf16(x); a.h.push_back(b); x = bf16_to_float(b); }
+    else if (t == SsType::kF16) { uint16_t b = float_to_f16(x); a.h.push_back(b); x = f16_to_float(b); }
+    else a.f.push_back(x);
+    a.v[i] = x;
+  }
+  return a;
+}
+
+struct Case {
+  int64_t batch, dim, N, L, bg, cg;  // bg / cg: 0 = invariant (D, N), else groups
+  bool D, z, bias, softplus, h0, last;
+  SsType io, state_in;  // u/delta/z/out type; A/B/C/D/bias/h0 type
+};
+
+struct Inputs {
+  Arr u, delta, A, B, C, D, z, bias, h0;
+};
+
+Inputs make_inputs(const Case& c, uint32_t seed) {
+  std::mt19937 g(seed);
+  Inputs x;
+  const size_t bdl = c.batch * c.dim * c.L;
+  x.u = make(g, bdl, c.io, 1.0, 0.0);
+  x.delta = c.softplus ? make(g, bdl, c.io, 0.5, -0.5) : make(g, bdl, c.io, 0.2, 0.5);
+  if (!c.softplus) for (auto& d : x.delta.v) d = std::fabs(d);  // only used by the reference: keep in sync below
+  x.A = make(g, c.dim * c.N, c.state_in, 0.5, 0.0);
+  // A = -exp(normal * 0.5): overwrite values and storage consistently.
+  {
+    Arr a = make(g, c.dim * c.N, c.state_in, 0.5, 0.0);
+    for (size_t i = 0; i < a.v.size(); ++i) {
+      float v = -std::exp(static_cast<float>(a.v[i]));
+      if (a.t == SsType::kBF16) { a.h[i] = float_to_bf16(v); v = bf16_to_float(a.h[i]); }
+      else if (a.t == SsType::kF16) { a.h[i] = float_to_f16(v); v = f16_to_float(a.h[i]); }
+      else a.f[i] = v;
+      a.v[i] = v;
+    }
+    x.A = a;
+  }
+  x.B = make(g, c.bg ? c.batch * c.bg * c.N * c.L : c.dim * c.N, c.state_in, 1.0, 0.0);
+  x.C = make(g, c.cg ? c.batch * c.cg * c.N * c.L : c.dim * c.N, c.state_in, 1.0, 0.0);
+  x.D = make(g, c.dim, c.state_in, 1.0, 0.0, c.D);
+  x.z = make(g, bdl, c.io, 1.0, 0.0, c.z);
+  x.bias = make(g, c.dim, c.state_in, 0.2, 0.2, c.bias);
+  x.h0 = make(g, c.batch * c.dim * c.N, c.state_in, 1.0, 0.0, c.h0);
+  if (!c.softplus) {  // delta > 0 without softplus: store |delta|
+    Arr& d = x.delta;
+    for (size_t i = 0; i < d.v.size(); ++i) {
+      float v = static_cast<float>(d.v[i]);
+      if (d.t == SsType::kBF16) d.h[i] = float_to_bf16(v);
+      else if (d.t == SsType::kF16) d.h[i] = float_to_f16(v);
+      else d.f[i] = v;
+    }
+  }
+  return x;
+}
+
+// float64 loop: out (batch, D, L), last states (batch, D, N) for one direction.
+void reference(const Case& c, const Inputs& x, bool reverse, std::vector<double>& out,
+               std::vector<double>& last, bool accumulate) {
+  if (!accumulate) out.assign(c.batch * c.dim * c.L, 0.0);
+  last.assign(c.batch * c.dim * c.N, 0.0);
+  std::vector<double> h(c.N);
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t d = 0; d < c.dim; ++d) {
+      for (int64_t n = 0; n < c.N; ++n) h[n] = c.h0 ? x.h0.v[(b * c.dim + d) * c.N + n] : 0.0;
+      for (int64_t k = 0; k < c.L; ++k) {
+        const int64_t t = reverse ? c.L - 1 - k : k;
+        const int64_t i = (b * c.dim + d) * c.L + t;
+        double dl = x.delta.v[i] + (c.bias ? x.bias.v[d] : 0.0);
+        if (c.softplus) dl = dl > 0 ? dl + std::log1p(std::exp(-dl)) : std::log1p(std::exp(dl));
+        double y = 0;
+        for (int64_t n = 0; n < c.N; ++n) {
+          const double Bv = c.bg ? x.B.v[((b * c.bg + d / (c.dim / c.bg)) * c.N + n) * c.L + t]
+                                 : x.B.v[d * c.N + n];
+          const double Cv = c.cg ? x.C.v[((b * c.cg + d / (c.dim / c.cg)) * c.N + n) * c.L + t]
+                                 : x.C.v[d * c.N + n];
+          h[n] = std::exp(dl * x.A.v[d * c.N + n]) * h[n] + dl * Bv * x.u.v[i];
+          y += Cv * h[n];
+        }
+        if (c.D) y += x.D.v[d] * x.u.v[i];
+        if (c.z) { const double zz = x.z.v[i]; y *= zz / (1.0 + std::exp(-zz)); }
+        out[i] += y;
+      }
+      for (int64_t n = 0; n < c.N; ++n) last[(b * c.dim + d) * c.N + n] = h[n];
+    }
+}
+
+struct Result {
+  std::vector<float> out, lf, lr;
+};
+
+Result run(const Case& c, const Inputs& x, SsDirection dir, const SsTable& table, Executor& ex) {
+  SsParams p{};
+  p.u = x.u.ptr(); p.u_t = x.u.t;
+  p.delta = x.delta.ptr(); p.delta_t = x.delta.t;
+  p.A = x.A.ptr(); p.A_t = x.A.t;
+  p.B = x.B.ptr(); p.B_t = x.B.t; p.b_var = c.bg != 0;
+  p.C = x.C.ptr(); p.C_t = x.C.t; p.c_var = c.cg != 0;
+  p.D = x.D.ptr(); p.D_t = x.D.t;
+  p.z = x.z.ptr(); p.z_t = x.z.t;
+  p.delta_bias = x.bias.ptr(); p.delta_bias_t = x.bias.t;
+  p.h0 = x.h0.ptr(); p.h0_t = x.h0.t;
+  p.delta_softplus = c.softplus;
+  p.direction = dir;
+  p.batch = c.batch; p.dim = c.dim; p.dstate = c.N; p.length = c.L;
+  p.b_groups = c.bg ? c.bg : 1;
+  p.c_groups = c.cg ? c.cg : 1;
+  Result r;
+  r.out.assign(c.batch * c.dim * c.L, 0.0f);
+  std::vector<uint16_t> out16(r.out.size());
+  p.out_t = c.io;
+  p.out = c.io == SsType::kF32 ? static_cast<void*>(r.out.data()) : static_cast<void*>(out16.data());
+  if (c.last) {
+    r.lf.assign(c.batch * c.dim * c.N, NAN);
+    r.lr.assign(c.batch * c.dim * c.N, NAN);
+    if (dir != SsDirection::kReverse) p.last_fwd = r.lf.data();
+    if (dir != SsDirection::kForward) p.last_rev = r.lr.data();
+  }
+  selective_scan_cpu(p, table, ex);
+  if (c.io != SsType::kF32)
+    for (size_t i = 0; i < r.out.size(); ++i)
+      r.out[i] = c.io == SsType::kBF16 ? bf16_to_float(out16[i]) : f16_to_float(out16[i]);
+  return r;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
+  double scale = 1e-30, err = 0;
+  for (double w : want) scale = std::fmax(scale, std::fabs(w));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = std::fabs(got[i] - want[i]);
+    if (!(e <= err)) err = e;  // NaN counts as the worst
+  }
+  return err / scale;
+}
+
+const char* tname(SsType t) { return t == SsType::kF32 ? "f32" : t == SsType::kBF16 ? "bf16" : "f16"; }
+
+void run_case(const Case& c, const SsTable& table, uint32_t seed) {
+  const Inputs x = make_inputs(c, seed);
+  InlineExecutor one;
+  Threads four(4);
+  // Tolerance relative to the largest output: float32 state; 16-bit outputs round.
+  const double tol = c.io == SsType::kF32 ? 2e-5 : c.io == SsType::kBF16 ? 1.6e-2 : 2e-3;
+  char what[256];
+  std::snprintf(what, sizeof what,
+                "%s b%lld D%lld N%lld L%lld B%lld C%lld D%d z%d bias%d sp%d h0%d io=%s st=%s",
+                table.name, (long long)c.batch, (long long)c.dim, (long long)c.N, (long long)c.L,
+                (long long)c.bg, (long long)c.cg, c.D, c.z, c.bias, c.softplus, c.h0, tname(c.io),
+                tname(c.state_in));
+  std::vector<double> ref_f, ref_r, ref_b, last_f, last_r, tmp_last;
+  reference(c, x, false, ref_f, last_f, false);
+  reference(c, x, true, ref_r, last_r, false);
+  ref_b = ref_f;
+  for (size_t i = 0; i < ref_b.size(); ++i) ref_b[i] += ref_r[i];
+
+  const Result f = run(c, x, SsDirection::kForward, table, one);
+  const Result r = run(c, x, SsDirection::kReverse, table, one);
+  const Result bi = run(c, x, SsDirection::kBidirectional, table, one);
+  const Result bi4 = run(c, x, SsDirection::kBidirectional, table, four);
+  const Result f4 = run(c, x, SsDirection::kForward, table, four);
+  double e;
+  CHECK((e = rel_err(f.out, ref_f)) <= tol, "%s forward out rel err %.3g", what, e);
+  CHECK((e = rel_err(r.out, ref_r)) <= tol, "%s reverse out rel err %.3g", what, e);
+  CHECK((e = rel_err(bi.out, ref_b)) <= tol, "%s bidirectional out rel err %.3g", what, e);
+  if (c.last) {
+    CHECK((e = rel_err(f.lf, last_f)) <= 2e-5, "%s forward last rel err %.3g", what, e);
+    CHECK((e = rel_err(r.lr, last_r)) <= 2e-5, "%s reverse last rel err %.3g", what, e);
+    CHECK((e = rel_err(bi.lf, last_f)) <= 2e-5, "%s bidi fwd last rel err %.3g", what, e);
+    CHECK((e = rel_err(bi.lr, last_r)) <= 2e-5, "%s bidi rev last rel err %.3g", what, e);
+    // Same arithmetic as the separate calls: the last states are bit-identical.
+    CHECK(std::memcmp(bi.lf.data(), f.lf.data(), 4 * f.lf.size()) == 0, "%s bidi fwd last != forward", what);
+    CHECK(std::memcmp(bi.lr.data(), r.lr.data(), 4 * r.lr.size()) == 0, "%s bidi rev last != reverse", what);
+  }
+  // Fused bidirectional == forward + reverse of separate calls (float32 outputs:
+  // up to the rounding of the sum, and of D u counted twice, then silu(z)).
+  if (c.io == SsType::kF32) {
+    std::vector<double> sum(f.out.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = double(f.out[i]) + double(r.out[i]);
+    CHECK((e = rel_err(bi.out, sum)) <= 1e-6, "%s fused bidirectional vs forward + reverse: %.3g", what, e);
+  }
+  // Threads: every task is computed the same way whichever thread runs it.
+  CHECK(std::memcmp(bi4.out.data(), bi.out.data(), 4 * bi.out.size()) == 0, "%s 4 threads != 1 (bidi)", what);
+  CHECK(std::memcmp(f4.out.data(), f.out.data(), 4 * f.out.size()) == 0, "%s 4 threads != 1 (fwd)", what);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  const SsType F = SsType::kF32, H = SsType::kBF16, S = SsType::kF16;
+  std::vector<Case> cases = {
+      // batch, dim, N, L, bg, cg, D, z, bias, softplus, h0, last, io, state
+      {1, 1, 1, 1, 1, 1, true, true, true, true, true, true, F, F},
+      {2, 4, 3, 7, 2, 1, true, true, true, true, true, true, F, F},
+      {2, 17, 16, 33, 1, 1, true, true, true, true, true, true, F, F},
+      {1, 37, 5, 101, 0, 0, true, false, true, true, false, true, F, F},
+      {3, 20, 4, 64, 0, 4, false, true, false, false, true, true, F, F},
+      {2, 48, 16, 130, 3, 0, true, true, true, true, true, true, F, F},
+      {1, 64, 16, 257, 1, 2, true, true, true, true, true, true, F, F},
+      {2, 24, 2, 19, 4, 2, true, true, true, true, true, true, H, F},
+      {2, 24, 16, 50, 1, 1, true, true, true, true, true, true, H, H},
+      {1, 33, 8, 47, 1, 1, true, true, true, true, true, true, S, S},
+      {2, 16, 16, 31, 2, 2, false, false, false, true, false, false, F, H},
+      {1, 8, 16, 0, 1, 1, true, true, true, true, true, true, F, F},  // L = 0
+  };
+  if (!quick) {
+    cases.push_back({2, 96, 16, 1023, 1, 1, true, true, true, true, true, true, F, F});
+    cases.push_back({1, 40, 16, 4099, 2, 2, true, true, true, true, true, true, F, F});
+  }
+  for (const KernelTable* k : supported_kernel_tables()) {
+    const SsTable* t = ss_table_named(k->name);
+    if (t == nullptr) { CHECK(false, "no selective-scan table for %s", k->name); continue; }
+    const int before = g_failures;
+    uint32_t seed = 1;
+    for (const Case& c : cases) run_case(c, *t, seed++);
+    std::printf("%-8s (%d lanes): %s\n", t->name, t->lanes, g_failures == before ? "ok" : "FAILED");
+  }
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
