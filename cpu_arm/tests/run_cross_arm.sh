@@ -19,3 +19,5 @@ mkdir -p "$out"
 "$CXX" "${flags[@]}" -pthread "$here/test_linear_scan.cc" "$src/driver.cc" "$src/dispatch.cc" \
   "$out/k_generic.o" "$out/k_neon.o" -o "$out/test_linear_scan"
 "$QEMU" -L "$SYSROOT" "$out/test_linear_scan" $mode
+# The selective-scan tests (test_selective_scan --quick, test_exp2_ulp) the same way.
+OUT_DIR="$out/selective" CXX_ARM="$CXX" QEMU="$QEMU" SYSROOT="$SYSROOT" bash "$here/build_selective_tests.sh" --arm
