@@ -311,3 +311,29 @@ def test_bad_input_errors_name_the_argument(call, error, match):
         call()
     with pytest.raises(error, match=match):
         jax.jit(lambda: call())()
+
+
+@pytest.mark.slow
+def test_more_than_2_31_elements():
+    """A single sequence of 2^31 + 77 bfloat16 elements: offsets past 2^31 must not wrap.
+
+    b follows a pattern of period 251 so that a wrapped or shifted index shows; with a = 0.5
+    each output depends on ~60 predecessors only, so windows are checked against float64.
+    """
+    n = 2**31 + 77
+    make_b = jax.jit(lambda: ((jax.lax.iota(jnp.int64, n) % 251) % 17 + 1).astype(jnp.bfloat16))
+    starts = [0, 2**30 + 5, 2**31 - 40, n - 64]
+    try:
+        b = make_b()
+        a = jnp.full((n,), 0.5, jnp.bfloat16)
+        h = linear_scan(a, b)
+        windows = [np.asarray(h[s:s + 64], np.float64) for s in starts]
+        del a, b, h
+    except (MemoryError, RuntimeError) as e:  # XlaRuntimeError derives from RuntimeError
+        pytest.skip(f"not enough memory: {e}")
+    for s, got in zip(starts, windows):
+        first = max(0, s - 64)
+        idx = np.arange(first, s + 64)
+        b_np = (idx % 251) % 17 + 1.0
+        want = np_linear_scan(np.full(idx.shape, 0.5), b_np)[s - first:]
+        np.testing.assert_allclose(got, want, rtol=1e-2, err_msg=f"window at {s}")
