@@ -25,6 +25,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -154,7 +155,7 @@ def main():
                 commit=commit, jax=jax.__version__, command=" ".join(["python"] + sys.argv),
                 threads=f"XLA intra-op pool ({os.cpu_count()} cores)",
                 note="shared machine: medians, noisy; compile excluded")
-    s = siso(os.path.dirname(args.out)) if not args.quick else None
+    s = siso(tempfile.mkdtemp(prefix="jss_siso_")) if not args.quick else None
     result = dict(meta=meta, rows=rows, siso=s)
     with open(args.out + ".json", "w") as f:
         json.dump(result, f, indent=1)

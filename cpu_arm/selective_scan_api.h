@@ -60,7 +60,8 @@ struct SsTable {
 
 // Floats of scratch one task needs besides dA (a multiple of 16).
 inline int64_t ss_work_floats(int64_t lanes, int64_t dstate, int64_t length) {
-  return (8 * dstate * lanes + 8 * lanes * lanes + 2 * length * lanes + 512 + 15) / 16 * 16;
+  return (8 * dstate * lanes + 8 * lanes * lanes + 2 * dstate * lanes * lanes + 2 * length * lanes +
+          2 * length + 1024 + 15) / 16 * 16;
 }
 
 const SsTable* ss_table_generic();

@@ -76,7 +76,10 @@ void selective_scan_cpu(const SsParams& p, const SsTable& table, Executor& execu
   const int64_t tasks = p.batch * groups * tiles_per_group;
   const bool bidi = p.direction == SsDirection::kBidirectional;
   const int64_t da_floats = p.length * p.dstate * lanes;
-  const bool keep_da = bidi && da_floats * int64_t(sizeof(float)) <= kSsMaxDABytes;
+  int64_t max_da = kSsMaxDABytes;
+  if (const char* env = std::getenv("JAX_SELSCAN_SS_DA_BYTES"); env != nullptr && env[0] != '\0')
+    max_da = std::strtoll(env, nullptr, 10);
+  const bool keep_da = bidi && da_floats * int64_t(sizeof(float)) <= max_da;
   const int64_t work_floats = ss_work_floats(lanes, p.dstate, p.length);
   // Small calls stay on the calling thread.
   const int64_t cost = p.batch * p.dim * p.length * std::max<int64_t>(p.dstate, 1);

@@ -19,8 +19,11 @@ const SsTable* select_ss_table(std::string* error);
 // Runs one call. Tasks are (batch row, tile of `lanes` channels of one group);
 // they are spread over the executor's threads, each thread reusing one
 // workspace. Bidirectional calls keep exp(delta A) of a task in a buffer of
-// length * dstate * lanes floats when that is at most kSsMaxDABytes.
-constexpr int64_t kSsMaxDABytes = int64_t(64) << 20;
+// length * dstate * lanes floats when that is at most kSsMaxDABytes (it must stay
+// in L2 (and then some) to beat recomputing: on Zen 4, one core, D 128, N 16, the fused call
+// was 1.14x of two calls at L 128 (128 KiB), 0.97x at L 256, and a 2 MiB buffer made it
+// 0.9x of two calls); the environment variable JAX_SELSCAN_SS_DA_BYTES overrides it.
+constexpr int64_t kSsMaxDABytes = int64_t(128) << 10;
 void selective_scan_cpu(const SsParams& p, const SsTable& table, Executor& executor);
 
 }  // namespace jax_selscan

@@ -152,6 +152,13 @@ inline __attribute__((noinline)) VF exp2_general_slow(VF x) {
   return select_lt(x, 0.0f, neg_part, pos_part);
 }
 
+// 2^x when the caller knows x is in [-125, 0] (no range check).
+JSS_INLINE VF exp2_inrange(VF x) {
+  const VF magic = broadcast(12582912.0f);
+  const VF t = add(x, magic);
+  return scale_bits(exp2_poly(sub(x, sub(t, magic))), t);
+}
+
 JSS_INLINE VF exp2_any(VF x) {
   if (__builtin_expect(any_outside(x, -125.0f, 0.0f), 0)) return exp2_general_slow(x);
   const VF magic = broadcast(12582912.0f);

@@ -100,8 +100,10 @@ def test_bidirectional_equals_forward_plus_reverse_two_kernel_calls():
     assert rel_err(fused, np.asarray(fwd, np.float64) + np.asarray(rev, np.float64)) < 1e-6
 
 
-def test_long_sequence():
-    x = inputs(3, batch=1, dim=5, dstate=3, length=6001, groups=1)
+@pytest.mark.parametrize("dim", [3, 20])
+def test_long_sequence(dim):
+    # dim=3: narrow tasks, vectorised along L in segments; dim=20: channel tiles.
+    x = inputs(3, batch=1, dim=dim, dstate=3, length=6001, groups=1)
     out, last = run(x, direction="bidirectional", return_last_state=True)
     want, want_last = selective_scan_np(**np64(x), delta_softplus=True, direction="bidirectional")
     assert rel_err(out, want) < 5e-5

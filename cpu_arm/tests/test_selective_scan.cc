@@ -279,6 +279,11 @@ int main(int argc, char** argv) {
       {1, 33, 8, 47, 1, 1, true, true, true, true, true, true, S, S},
       {2, 16, 16, 31, 2, 2, false, false, false, true, false, false, F, H},
       {1, 8, 16, 0, 1, 1, true, true, true, true, true, true, F, F},  // L = 0
+      // Narrow tasks (few channels, long L): vectorised along L in segments.
+      {1, 1, 1, 1031, 1, 1, true, true, true, true, true, true, F, F},
+      {2, 3, 4, 1300, 3, 0, true, true, true, true, true, true, F, F},
+      {1, 2, 16, 4100, 0, 2, true, false, true, false, true, true, F, F},
+      {1, 1, 2, 1024, 1, 1, true, true, true, true, true, true, H, F},
   };
   if (!quick) {
     cases.push_back({2, 96, 16, 1023, 1, 1, true, true, true, true, true, true, F, F});
