@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "test_util.h"
 #include "../linear_scan_cpu.h"
 
 using namespace jax_selscan;
@@ -25,40 +26,9 @@ using cd = std::complex<double>;
 
 namespace {
 
-int g_failures = 0, g_checks = 0;
-
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    ++g_checks;                                            \
-    if (!(cond)) {                                         \
-      ++g_failures;                                        \
-      if (g_failures <= 30) {                              \
-        std::printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
-        std::printf(__VA_ARGS__);                          \
-        std::printf("\n");                                 \
-      }                                                    \
-    }                                                      \
-  } while (0)
-
-// An executor with real threads (a fresh set per call: simple, fine for tests).
-class ThreadExecutor final : public Executor {
- public:
-  explicit ThreadExecutor(int n) : n_(n) {}
-  int64_t num_threads() const override { return n_; }
-  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) override {
-    std::atomic<int64_t> next{0};
-    auto work = [&] {
-      for (int64_t i; (i = next.fetch_add(1)) < n;) fn(i);
-    };
-    std::vector<std::thread> ts;
-    for (int i = 1; i < n_ && i < n; ++i) ts.emplace_back(work);
-    work();
-    for (auto& t : ts) t.join();
-  }
-
- private:
-  int n_;
-};
+using test::g_checks;
+using test::g_failures;
+using test::ThreadExecutor;
 
 const char* dtype_name(DType d) {
   switch (d) {

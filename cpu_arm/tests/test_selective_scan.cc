@@ -18,40 +18,16 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "test_util.h"
 #include "../selective_scan_cpu.h"
 
 using namespace jax_selscan;
 
 namespace {
 
-int g_failures = 0, g_checks = 0;
-#define CHECK(cond, ...)                                 \
-  do {                                                   \
-    ++g_checks;                                          \
-    if (!(cond)) {                                       \
-      if (++g_failures <= 30) {                          \
-        std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-        std::printf(__VA_ARGS__);                        \
-        std::printf("\n");                               \
-      }                                                  \
-    }                                                    \
-  } while (0)
-
-class Threads final : public Executor {
- public:
-  explicit Threads(int n) : n_(n) {}
-  int64_t num_threads() const override { return n_; }
-  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) override {
-    std::atomic<int64_t> next{0};
-    auto work = [&] { for (int64_t i; (i = next.fetch_add(1)) < n;) fn(i); };
-    std::vector<std::thread> ts;
-    for (int i = 1; i < n_ && i < n; ++i) ts.emplace_back(work);
-    work();
-    for (auto& t : ts) t.join();
-  }
- private:
-  int n_;
-};
+using test::g_checks;
+using test::g_failures;
+using Threads = test::ThreadExecutor;
 
 // An operand stored in one of the three types; `v` holds the exact (rounded) values.
 struct Arr {
