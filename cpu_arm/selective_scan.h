@@ -42,6 +42,63 @@ namespace ss {
 using simd::VF;
 constexpr int W = VF::kLanes;
 
+// Lane moves for the along-L carries (fill: a broadcast value).
+//   up<K>(x, f)[r]   = r >= K ? x[r - K] : f        down<K>(x, f)[r] = r + K < W ? x[r + K] : f
+//   last(x), first(x): that lane broadcast
+#if defined(JSS_SIMD_BACKEND_AVX512)
+template <int K> JSS_INLINE VF up(VF x, VF f) {
+  return {_mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(x.v), _mm512_castps_si512(f.v), 16 - K))};
+}
+template <int K> JSS_INLINE VF down(VF x, VF f) {
+  return {_mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(f.v), _mm512_castps_si512(x.v), K))};
+}
+JSS_INLINE VF last(VF x) { return {_mm512_permutexvar_ps(_mm512_set1_epi32(15), x.v)}; }
+JSS_INLINE VF first(VF x) { return {_mm512_broadcastss_ps(_mm512_castps512_ps128(x.v))}; }
+#elif defined(JSS_SIMD_BACKEND_AVX2)
+template <int K> JSS_INLINE VF up(VF x, VF f) {
+  const __m256i idx = _mm256_setr_epi32(0 - K < 0 ? 0 : 0 - K, 1 - K < 0 ? 0 : 1 - K, 2 - K < 0 ? 0 : 2 - K,
+                                        3 - K < 0 ? 0 : 3 - K, 4 - K, 5 - K, 6 - K, 7 - K);
+  return {_mm256_blend_ps(_mm256_permutevar8x32_ps(x.v, idx), f.v, (1 << K) - 1)};
+}
+template <int K> JSS_INLINE VF down(VF x, VF f) {
+  const __m256i idx = _mm256_setr_epi32(0 + K, 1 + K, 2 + K, 3 + K, 4 + K > 7 ? 7 : 4 + K,
+                                        5 + K > 7 ? 7 : 5 + K, 6 + K > 7 ? 7 : 6 + K, 7);
+  return {_mm256_blend_ps(_mm256_permutevar8x32_ps(x.v, idx), f.v, ((1 << K) - 1) << (8 - K))};
+}
+JSS_INLINE VF last(VF x) { return {_mm256_permutevar8x32_ps(x.v, _mm256_set1_epi32(7))}; }
+JSS_INLINE VF first(VF x) { return {_mm256_permutevar8x32_ps(x.v, _mm256_set1_epi32(0))}; }
+#elif defined(JSS_SIMD_BACKEND_NEON)
+template <int K> JSS_INLINE VF up(VF x, VF f) { return {vextq_f32(f.v, x.v, 4 - K)}; }
+template <int K> JSS_INLINE VF down(VF x, VF f) { return {vextq_f32(x.v, f.v, K)}; }
+JSS_INLINE VF last(VF x) { return {vdupq_laneq_f32(x.v, 3)}; }
+JSS_INLINE VF first(VF x) { return {vdupq_laneq_f32(x.v, 0)}; }
+#else
+template <int K> JSS_INLINE VF up(VF x, VF f) {
+  VF r;
+  for (int i = 0; i < W; ++i) r.v[i] = i >= K ? x.v[i - K] : f.v[i];
+  return r;
+}
+template <int K> JSS_INLINE VF down(VF x, VF f) {
+  VF r;
+  for (int i = 0; i < W; ++i) r.v[i] = i + K < W ? x.v[i + K] : f.v[i];
+  return r;
+}
+JSS_INLINE VF last(VF x) { return simd::broadcast(x.v[W - 1]); }
+JSS_INLINE VF first(VF x) { return simd::broadcast(x.v[0]); }
+#endif
+
+// One Kogge-Stone level of the affine scan over lanes (P, H): the lane K
+// before in scan order is composed first.
+template <int K, bool REV> JSS_INLINE void scan_level(VF& P, VF& H) {
+  if constexpr (K < W) {
+    const VF one = simd::broadcast(1.0f), zero = simd::broadcast(0.0f);
+    const VF Ps = REV ? down<K>(P, one) : up<K>(P, one);
+    const VF Hs = REV ? down<K>(H, zero) : up<K>(H, zero);
+    H = simd::fma(P, Hs, H);
+    P = simd::mul(P, Ps);
+  }
+}
+
 JSS_INLINE float ld1(const void* p, SsType t, int64_t i) {
   switch (t) {
     case SsType::kF32: return static_cast<const float*>(p)[i];
@@ -68,6 +125,52 @@ JSS_INLINE void stv(void* p, SsType t, int64_t i, VF x) {
     case SsType::kF32: simd::store(static_cast<float*>(p) + i, x); break;
     case SsType::kBF16: simd::store_bf16(static_cast<uint16_t*>(p) + i, x); break;
     default: simd::store_f16(static_cast<uint16_t*>(p) + i, x); break;
+  }
+}
+
+// r[i] = p[base + i * stride .. + W) for the W rows of a tile (one type switch per tile).
+JSS_INLINE void load_rows(const void* p, SsType t, int64_t base, int64_t stride, VF* r) {
+  switch (t) {
+    case SsType::kF32: {
+      const float* q = static_cast<const float*>(p) + base;
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i, q += stride) r[i] = simd::load(q);
+      break;
+    }
+    case SsType::kBF16: {
+      const uint16_t* q = static_cast<const uint16_t*>(p) + base;
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i, q += stride) r[i] = simd::load_bf16(q);
+      break;
+    }
+    default: {
+      const uint16_t* q = static_cast<const uint16_t*>(p) + base;
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i, q += stride) r[i] = simd::load_f16(q);
+      break;
+    }
+  }
+}
+JSS_INLINE void store_rows(void* p, SsType t, int64_t base, int64_t stride, const VF* r) {
+  switch (t) {
+    case SsType::kF32: {
+      float* q = static_cast<float*>(p) + base;
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i, q += stride) simd::store(q, r[i]);
+      break;
+    }
+    case SsType::kBF16: {
+      uint16_t* q = static_cast<uint16_t*>(p) + base;
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i, q += stride) simd::store_bf16(q, r[i]);
+      break;
+    }
+    default: {
+      uint16_t* q = static_cast<uint16_t*>(p) + base;
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i, q += stride) simd::store_f16(q, r[i]);
+      break;
+    }
   }
 }
 
@@ -268,90 +371,222 @@ void run_task(const Ctx& c) {
 }
 
 
-// ---- narrow tasks: one channel, vectorised along L ------------------------------------
+// ---- the along-L path: few channels, time in the lanes --------------------------------
 //
-// A task with few channels would leave most lanes idle. Instead each of its channels
-// is cut into W segments of S = L / W steps, one per lane (the rows of a block are
-// then segments, W x W blocks transposed as for channels). Pass 1 runs every
-// segment from a zero state (the first segment in scan order from h0) and keeps
-// y, its final state and sum(delta); the true state entering each segment follows
-// by a W-step scalar carry (P = exp(A * sum delta) over a segment); pass 2 runs the
-// homogeneous recurrence h = dA h from those carries and adds C h to y. The last
-// L - W S steps run in scalar code (after the segments forward, before them in
-// reverse). Costs two exponentials per step, on W lanes instead of one.
+// A task with few channels would leave most lanes idle, so each of its channels
+// runs with the time axis in the lanes. L is cut into chunks of W * S steps (S a
+// multiple of W, ss_seg_len); in a chunk lane r owns the segment of S steps
+// starting at r * S. Per chunk:
+//   1. local pass, all W segments at once from a zero state (W x W tiles read as
+//      rows of W steps of each segment and transposed in registers): for each
+//      state n, h = dA h + delta u B, P = dA P (P: dA's product over the segment
+//      so far), y += C h, and Q[n] = C P is kept (chunk buffer, L1);
+//   2. carries, W scalar steps per state: the state entering segment r is
+//      cin[r] = h_end[r-1] + P_end[r-1] * cin[r-1], from the chunk's entering state;
+//   3. finish: y += sum_n Q[n] * cin[n] (the missing part of each segment's
+//      states, C * prod(dA) * carry, from the kept Q: no exponential is
+//      recomputed), transposed back to time order, + D u, * silu(z), stored.
+// Inputs are read once and the output written once; only the chunk lives in
+// scratch. Numerics: the carry term multiplies the entering state by products of
+// dA (each <= 1 for A <= 0, delta >= 0), so nothing grows; the result differs from
+// the sequential loop by float rounding only. The last L mod (W S) steps (the
+// partial chunk) run in scalar code, last in scan order (after the chunks forward,
+// i.e. at the sequence start in reverse).
 struct Seg {
   const SsParams* p;
-  int64_t N, L, S, M;  // M = W * S steps in segments
-  int64_t row;         // element offset of the channel's row in u / delta / z / out
-  int64_t bb, cb;      // offsets of the channel's (group's) B / C rows (variable)
-  int64_t d;
-  float bias;
-  float *A2, *Bc, *Cc;   // [N] (A * log2 e, invariant B / C)
-  float *hs, *dsum;      // [N][W], [W]
-  float *dl, *du, *Bb, *Cb, *yb, *tmp;  // [W][W] (Bb, Cb: [N][W][W])
-  float* y;              // [L] accumulated y (no D, no gate)
-  float* dls;            // [M] delta after bias / softplus, in block-transposed order
+  int64_t N, L, S, CH, nchunks, tail;
+  int64_t row, bb, cb;   // offsets of the channel's rows in u / delta / z / out, B, C
+  float bias, dk, dmax;  // delta bias, k * D, delta range of the fast exp2
+  int yr_mode;           // 0 none, 1 write yr (reverse half), 2 add yr (forward half)
+  float* yr;             // [L] natural order (bidirectional)
+  float *A2, *Bc, *Cc;   // [N]
+  float *hs, *Ps, *cin, *hb;  // [N][W] (hb: the running state, all lanes equal)
+  float *y, *Q;          // [S][W] (row j * W + tb of tile j), [N][S][W]
+  float *dlT, *duT, *dun, *yt, *bT, *cT;  // [W][W]
 };
 
 inline float softplus1(float x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
 
-// One direction's segment passes (pass 1 when !homog, else pass 2).
-inline void seg_pass(const Seg& g, bool reverse, bool homog) {
+// Local pass of one tile (j) of the chunk at memory offset ct0; FAST: every
+// delta * A2 of the tile is in exp2's fast range.
+template <bool FAST, bool BVAR, bool CVAR, bool REV>
+inline void seg_tile_states(const Seg& g, int64_t ct0, int64_t j) {
   const SsParams& p = *g.p;
-  const int64_t nblocks = (g.S + W - 1) / W;
-  for (int64_t bi = 0; bi < nblocks; ++bi) {
-    const int64_t blk = reverse ? nblocks - 1 - bi : bi;
-    const int64_t t0 = blk * W;
-    const int nt = static_cast<int>(g.S - t0 < W ? g.S - t0 : W);
-    float* dlb = g.dls + blk * W * W;
-    if (!homog) {
-      gather_block(p.delta, p.delta_t, g.row, g.S, W, t0, nt, g.dl);
-      gather_block(p.u, p.u_t, g.row, g.S, W, t0, nt, g.tmp);
-      for (int tb = 0; tb < W; ++tb) {
-        VF d = simd::add(simd::load(g.dl + tb * W), simd::broadcast(g.bias));
-        if (p.delta_softplus) d = simd::softplus(d);
-        if (tb >= nt) d = simd::broadcast(0.0f);
-        simd::store(dlb + tb * W, d);
-        simd::store(g.du + tb * W, simd::mul(d, simd::load(g.tmp + tb * W)));
-        simd::store(g.dsum, simd::add(simd::load(g.dsum), d));
+  for (int64_t n = 0; n < g.N; ++n) {
+    {
+      VF r[W];
+      if constexpr (BVAR) {
+        load_rows(p.B, p.B_t, g.bb + n * g.L + ct0 + j * W, g.S, r);
+        JSS_UNROLL
+        for (int i = 0; i < W; ++i) r[i] = simd::mul(simd::load(g.dun + i * W), r[i]);
+        simd::transpose(r);
+        JSS_UNROLL
+        for (int i = 0; i < W; ++i) simd::store(g.bT + i * W, r[i]);
       }
-      if (p.b_var)
-        for (int64_t n = 0; n < g.N; ++n)
-          gather_block(p.B, p.B_t, g.bb + n * g.L, g.S, W, t0, nt, g.Bb + n * W * W);
-    }
-    if (p.c_var)
-      for (int64_t n = 0; n < g.N; ++n)
-        gather_block(p.C, p.C_t, g.cb + n * g.L, g.S, W, t0, nt, g.Cb + n * W * W);
-    for (int k = 0; k < nt; ++k) {
-      const int tb = reverse ? nt - 1 - k : k;
-      const VF dlv = simd::load(dlb + tb * W);
-      const VF duv = homog ? simd::broadcast(0.0f) : simd::load(g.du + tb * W);
-      VF y = simd::broadcast(0.0f);
-      for (int64_t n = 0; n < g.N; ++n) {
-        const VF a = simd::exp2_any(simd::mul(dlv, simd::broadcast(g.A2[n])));
-        VF h = simd::load(g.hs + n * W);
-        if (homog) {
-          h = simd::mul(a, h);
-        } else {
-          const VF b = p.b_var ? simd::load(g.Bb + (n * W + tb) * W) : simd::broadcast(g.Bc[n]);
-          h = simd::fma(a, h, simd::mul(duv, b));
-        }
-        simd::store(g.hs + n * W, h);
-        const VF c = p.c_var ? simd::load(g.Cb + (n * W + tb) * W) : simd::broadcast(g.Cc[n]);
-        y = simd::fma(c, h, y);
+      if constexpr (CVAR) {
+        load_rows(p.C, p.C_t, g.cb + n * g.L + ct0 + j * W, g.S, r);
+        simd::transpose(r);
+        JSS_UNROLL
+        for (int i = 0; i < W; ++i) simd::store(g.cT + i * W, r[i]);
       }
-      simd::store(g.yb + tb * W, y);
     }
-    // y (rows = segments, stride S) += this block.
-    gather_block(g.y, SsType::kF32, 0, g.S, W, t0, nt, g.tmp);
-    for (int tb = 0; tb < W; ++tb)
-      simd::store(g.tmp + tb * W, simd::add(simd::load(g.tmp + tb * W), simd::load(g.yb + tb * W)));
-    scatter_block(g.y, SsType::kF32, 0, g.S, W, t0, nt, g.tmp);
+    const VF a2 = simd::broadcast(g.A2[n]);
+    const VF bn = simd::broadcast(g.Bc[n]), cn = simd::broadcast(g.Cc[n]);
+    VF h = simd::load(g.hs + n * W), P = simd::load(g.Ps + n * W);
+    float* q = g.Q + (n * g.S + j * W) * W;
+    const float* dlT = g.dlT;
+    const float* bT = BVAR ? g.bT : g.duT;
+    const float* cT = g.cT;
+    float* yt = g.yt;
+    const bool first = n == 0;
+    JSS_UNROLL
+    for (int k = 0; k < W; ++k) {
+      const int tb = REV ? W - 1 - k : k;
+      const VF x = simd::mul(simd::load(dlT + tb * W), a2);
+      const VF a = FAST ? simd::exp2_inrange(x) : simd::exp2_any(x);
+      const VF bt = BVAR ? simd::load(bT + tb * W) : simd::mul(simd::load(bT + tb * W), bn);
+      const VF ct = CVAR ? simd::load(cT + tb * W) : cn;
+      h = simd::fma(a, h, bt);
+      P = simd::mul(a, P);
+      const VF yv = first ? simd::mul(ct, h) : simd::fma(ct, h, simd::load(yt + tb * W));
+      simd::store(yt + tb * W, yv);
+      simd::store(q + tb * W, simd::mul(ct, P));
+    }
+    simd::store(g.hs + n * W, h);
+    simd::store(g.Ps + n * W, P);
   }
 }
 
-// Scalar steps [t_begin, t_end) of one direction from state h[N] (float).
-inline void seg_scalar(const Seg& g, int64_t t_begin, int64_t t_end, bool reverse, float* h) {
+template <bool FAST, bool REV>
+JSS_INLINE void seg_tile_states_any(const Seg& g, int64_t ct0, int64_t j) {
+  const SsParams& p = *g.p;
+  if (p.b_var && p.c_var) seg_tile_states<FAST, true, true, REV>(g, ct0, j);
+  else if (p.b_var) seg_tile_states<FAST, true, false, REV>(g, ct0, j);
+  else if (p.c_var) seg_tile_states<FAST, false, true, REV>(g, ct0, j);
+  else seg_tile_states<FAST, false, false, REV>(g, ct0, j);
+}
+
+// Step 1 for the chunk at memory offset ct0.
+inline void seg_chunk_local(const Seg& g, int64_t ct0, bool reverse) {
+  const SsParams& p = *g.p;
+  for (int64_t n = 0; n < g.N; ++n) {
+    simd::store(g.hs + n * W, simd::broadcast(0.0f));
+    simd::store(g.Ps + n * W, simd::broadcast(1.0f));
+  }
+  const int64_t ntiles = g.S / W;
+  for (int64_t jj = 0; jj < ntiles; ++jj) {
+    const int64_t j = reverse ? ntiles - 1 - jj : jj;
+    const int64_t base = g.row + ct0 + j * W;
+    VF dl[W], du[W];
+    load_rows(p.delta, p.delta_t, base, g.S, dl);
+    load_rows(p.u, p.u_t, base, g.S, du);
+    if (p.delta_bias != nullptr) {
+      const VF bias = simd::broadcast(g.bias);
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i) dl[i] = simd::add(dl[i], bias);
+    }
+    if (p.delta_softplus) {
+      for (int i = 0; i < W; ++i) dl[i] = simd::softplus(dl[i]);
+    }
+    VF nlo = simd::neg(dl[0]), hi = dl[0];  // -min, max over the tile
+    JSS_UNROLL
+    for (int i = 0; i < W; ++i) {
+      nlo = simd::max(nlo, simd::neg(dl[i]));
+      hi = simd::max(hi, dl[i]);
+      du[i] = simd::mul(dl[i], du[i]);
+    }
+    const bool fast =
+        !simd::any_outside(simd::neg(nlo), 0.0f, g.dmax) && !simd::any_outside(hi, 0.0f, g.dmax);
+    simd::transpose(dl);
+    JSS_UNROLL
+    for (int i = 0; i < W; ++i) {
+      simd::store(g.dlT + i * W, dl[i]);
+      simd::store(g.yt + i * W, simd::broadcast(0.0f));
+    }
+    if (p.b_var) {
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i) simd::store(g.dun + i * W, du[i]);
+    } else {
+      simd::transpose(du);
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i) simd::store(g.duT + i * W, du[i]);
+    }
+    if (fast) reverse ? seg_tile_states_any<true, true>(g, ct0, j) : seg_tile_states_any<true, false>(g, ct0, j);
+    else reverse ? seg_tile_states_any<false, true>(g, ct0, j) : seg_tile_states_any<false, false>(g, ct0, j);
+    for (int i = 0; i < W; ++i) simd::store(g.y + (j * W + i) * W, simd::load(g.yt + i * W));
+  }
+}
+
+// Step 2: the state entering each segment, cin[n] = h_end + P_end * (state entering
+// the segment before), as an affine scan over the lanes (log2 W levels in
+// registers); hb[n] (the chunk's entering state, all lanes) becomes its end state;
+// pcum (if not null) *= dA's product over the chunk.
+template <bool REV>
+inline void seg_chunk_carries(const Seg& g, float* pcum) {
+  for (int64_t n = 0; n < g.N; ++n) {
+    VF P = simd::load(g.Ps + n * W), H = simd::load(g.hs + n * W);
+    scan_level<1, REV>(P, H);
+    scan_level<2, REV>(P, H);
+    scan_level<4, REV>(P, H);
+    scan_level<8, REV>(P, H);
+    const VF hin = simd::load(g.hb + n * W);
+    const VF X = simd::fma(P, hin, H);  // state leaving each segment
+    simd::store(g.cin + n * W, REV ? down<1>(X, hin) : up<1>(X, hin));
+    simd::store(g.hb + n * W, REV ? first(X) : last(X));
+    if (pcum != nullptr) {
+      float tmp[W];
+      simd::store(tmp, P);
+      pcum[n] *= REV ? tmp[0] : tmp[W - 1];
+    }
+  }
+}
+
+// out (or yr) rows t0 + i * S (i < W) from the float rows y (time order).
+JSS_INLINE void seg_out_rows(const Seg& g, int64_t t0, VF* y) {
+  const SsParams& p = *g.p;
+  if (g.yr_mode == 1) {
+    JSS_UNROLL
+    for (int i = 0; i < W; ++i) simd::store(g.yr + t0 + i * g.S, y[i]);
+    return;
+  }
+  if (g.yr_mode == 2) {
+    JSS_UNROLL
+    for (int i = 0; i < W; ++i) y[i] = simd::add(y[i], simd::load(g.yr + t0 + i * g.S));
+  }
+  VF x[W];
+  if (p.D != nullptr) {
+    load_rows(p.u, p.u_t, g.row + t0, g.S, x);
+    const VF dk = simd::broadcast(g.dk);
+    JSS_UNROLL
+    for (int i = 0; i < W; ++i) y[i] = simd::fma(dk, x[i], y[i]);
+  }
+  if (p.z != nullptr) {
+    load_rows(p.z, p.z_t, g.row + t0, g.S, x);
+    for (int i = 0; i < W; ++i) y[i] = simd::mul(y[i], simd::silu(x[i]));
+  }
+  store_rows(p.out, p.out_t, g.row + t0, g.S, y);
+}
+
+// Step 3.
+inline void seg_chunk_finish(const Seg& g, int64_t ct0) {
+  const int64_t ntiles = g.S / W;
+  for (int64_t j = 0; j < ntiles; ++j) {
+    VF yv[W];
+    JSS_UNROLL
+    for (int tb = 0; tb < W; ++tb) yv[tb] = simd::load(g.y + (j * W + tb) * W);
+    for (int64_t n = 0; n < g.N; ++n) {
+      const VF cn = simd::load(g.cin + n * W);
+      const float* q = g.Q + (n * g.S + j * W) * W;
+      JSS_UNROLL
+      for (int tb = 0; tb < W; ++tb) yv[tb] = simd::fma(simd::load(q + tb * W), cn, yv[tb]);
+    }
+    simd::transpose(yv);
+    seg_out_rows(g, ct0 + j * W, yv);
+  }
+}
+
+// The partial chunk: scalar steps over memory range [t_begin, t_end) in scan order.
+inline void seg_tail(const Seg& g, int64_t t_begin, int64_t t_end, bool reverse, float* h, float* pcum) {
   const SsParams& p = *g.p;
   for (int64_t k = 0; k < t_end - t_begin; ++k) {
     const int64_t t = reverse ? t_end - 1 - k : t_begin + k;
@@ -362,106 +597,148 @@ inline void seg_scalar(const Seg& g, int64_t t_begin, int64_t t_end, bool revers
     for (int64_t n = 0; n < g.N; ++n) {
       const float b = p.b_var ? ld1(p.B, p.B_t, g.bb + n * g.L + t) : g.Bc[n];
       const float c = p.c_var ? ld1(p.C, p.C_t, g.cb + n * g.L + t) : g.Cc[n];
-      h[n] = std::exp2(dl * g.A2[n]) * h[n] + du * b;
+      const float a = std::exp2(dl * g.A2[n]);
+      h[n] = a * h[n] + du * b;
+      if (pcum != nullptr) pcum[n] *= a;
       y += c * h[n];
     }
-    g.y[t] += y;
-  }
-}
-
-// One direction for one channel; leaves the last state in h[N].
-inline void seg_direction(const Seg& g, bool reverse, const float* h0, float* h) {
-  for (int64_t n = 0; n < g.N; ++n) h[n] = h0 != nullptr ? h0[n] : 0.0f;
-  if (reverse) seg_scalar(g, g.M, g.L, true, h);  // the tail first
-  const int first = reverse ? W - 1 : 0;
-  for (int64_t n = 0; n < g.N; ++n)
-    for (int r = 0; r < W; ++r) g.hs[n * W + r] = r == first ? h[n] : 0.0f;
-  for (int r = 0; r < W; ++r) g.dsum[r] = 0.0f;
-  seg_pass(g, reverse, false);
-  // Carries: the true state entering each segment, in scan order.
-  for (int64_t n = 0; n < g.N; ++n) {
-    float carry = 0.0f;
-    for (int k = 0; k < W; ++k) {
-      const int r = reverse ? W - 1 - k : k;
-      const float local_end = g.hs[n * W + r];
-      g.hs[n * W + r] = carry;  // pass 2 starts segment r from its missing part
-      carry = local_end + std::exp2(g.A2[n] * g.dsum[r]) * carry;
+    if (g.yr_mode == 1) {
+      g.yr[t] = y;
+      continue;
     }
-    h[n] = carry;
+    if (g.yr_mode == 2) y += g.yr[t];
+    y += g.dk * ld1(p.u, p.u_t, g.row + t);
+    if (p.z != nullptr) {
+      const float z = ld1(p.z, p.z_t, g.row + t);
+      y *= z / (1.0f + std::exp(-z));
+    }
+    st1(p.out, p.out_t, g.row + t, y);
   }
-  seg_pass(g, reverse, true);
-  if (!reverse) seg_scalar(g, g.M, g.L, false, h);  // the tail last
 }
 
-inline void run_narrow(const SsParams& p, const SsTask& t) {
-  float* w = t.work;
+// Units [u0, u1) in scan order (chunks, then the tail) from state h[N] (left at
+// the end state). With pcum (dA's running product, [N]) the return value is the
+// unit after which every pcum[n] was 0 (tracking stops there), else -1.
+inline int64_t seg_units(const Seg& g, bool reverse, int64_t u0, int64_t u1, float* h, float* pcum) {
+  int64_t closed = -1;
+  for (int64_t n = 0; n < g.N; ++n) simd::store(g.hb + n * W, simd::broadcast(h[n]));
+  for (int64_t u = u0; u < u1; ++u) {
+    if (u < g.nchunks) {
+      const int64_t ct0 = reverse ? g.L - (u + 1) * g.CH : u * g.CH;
+      seg_chunk_local(g, ct0, reverse);
+      if (reverse) seg_chunk_carries<true>(g, pcum);
+      else seg_chunk_carries<false>(g, pcum);
+      seg_chunk_finish(g, ct0);
+      if (u + 1 == u1 || u + 1 == g.nchunks)
+        for (int64_t n = 0; n < g.N; ++n) h[n] = g.hb[n * W];
+    } else if (reverse) {
+      seg_tail(g, 0, g.tail, true, h, pcum);
+    } else {
+      seg_tail(g, g.L - g.tail, g.L, false, h, pcum);
+    }
+    if (pcum != nullptr) {
+      bool zero = true;
+      for (int64_t n = 0; n < g.N; ++n) zero = zero && pcum[n] == 0.0f;
+      if (zero) {
+        closed = u + 1;
+        pcum = nullptr;
+      }
+    }
+  }
+  return closed;
+}
+
+inline void seg_setup(Seg& g, const SsParams& p, const SsTask& t, int64_t d, float* w) {
   auto take = [&](int64_t n) { float* r = w; w += (n + 15) / 16 * 16; return r; };
-  Seg g;
   g.p = &p;
   g.N = p.dstate;
   g.L = p.length;
-  // Segment length S = 16 (mod 32): segments a power of two apart would all map to
-  // the same L1 sets (every block reads W rows, S apart, of u, delta, B, C and y).
-  g.S = (p.length / W - 16) / 32 * 32 + 16;
-  g.M = g.S * W;
+  g.S = ss_seg_len(W, g.N);
+  g.CH = g.S * W;
+  g.nchunks = g.L / g.CH;
+  g.tail = g.L - g.nchunks * g.CH;
   g.A2 = take(g.N); g.Bc = take(g.N); g.Cc = take(g.N);
-  g.hs = take(g.N * W); g.dsum = take(W);
-  g.dl = take(W * W); g.du = take(W * W); g.yb = take(W * W); g.tmp = take(W * W);
-  g.Bb = take(g.N * W * W); g.Cb = take(g.N * W * W);
-  float* hf = take(g.N);
-  float* hr = take(g.N);
-  float* h0 = take(g.N);
-  g.y = take(g.L);
-  g.dls = take(((g.S + W - 1) / W) * W * W);
+  g.hs = take(g.N * W); g.Ps = take(g.N * W); g.cin = take(g.N * W); g.hb = take(g.N * W);
+  g.y = take(g.CH); g.Q = take(g.N * g.CH);
+  g.dlT = take(W * W); g.duT = take(W * W); g.dun = take(W * W); g.yt = take(W * W);
+  g.bT = take(W * W); g.cT = take(W * W);
+  g.yr = t.split ? t.yr : take(g.L);
+  g.row = (t.b * p.dim + d) * p.length;
+  g.bb = (t.b * p.b_groups + d / (p.dim / p.b_groups)) * p.dstate * p.length;
+  g.cb = (t.b * p.c_groups + d / (p.dim / p.c_groups)) * p.dstate * p.length;
+  g.bias = p.delta_bias != nullptr ? ld1(p.delta_bias, p.delta_bias_t, d) : 0.0f;
   const bool bidi = p.direction == SsDirection::kBidirectional;
+  g.dk = p.D != nullptr ? (bidi ? 2.0f : 1.0f) * ld1(p.D, p.D_t, d) : 0.0f;
+  float a_min = 0.0f, a_max = -1.0f;
+  for (int64_t n = 0; n < g.N; ++n) {
+    g.A2[n] = ld1(p.A, p.A_t, d * g.N + n) * simd::kLog2e;
+    g.Bc[n] = p.b_var ? 0.0f : ld1(p.B, p.B_t, d * g.N + n);
+    g.Cc[n] = p.c_var ? 0.0f : ld1(p.C, p.C_t, d * g.N + n);
+    a_min = g.A2[n] < a_min ? g.A2[n] : a_min;
+    a_max = g.A2[n] > a_max ? g.A2[n] : a_max;
+  }
+  g.dmax = !(a_max <= 0.0f) ? -1.0f : a_min < 0.0f ? -125.0f / a_min : 3.0e38f;
+}
+
+inline void run_narrow(const SsParams& p, const SsTask& t) {
+  Seg g;
+  const int64_t N = p.dstate;
+  float* w = t.work;
+  float* h = w;            // [N]
+  float* pcum = w + N;     // [N]
+  float* h0 = w + 2 * N;   // [N]
+  float* rest = w + (3 * N + 15) / 16 * 16;
+  if (t.split) {
+    // One channel, one direction, one piece.
+    const int64_t d = t.d0;
+    seg_setup(g, p, t, d, rest);
+    const bool reverse = t.reverse != 0;
+    g.yr_mode = t.yr_mode;
+    const int64_t units = g.nchunks + (g.tail != 0 ? 1 : 0);
+    const int64_t u0 = t.piece * units / t.pieces, u1 = (t.piece + 1) * units / t.pieces;
+    if (t.phase == 1) {
+      for (int64_t n = 0; n < N; ++n) {
+        h[n] = (t.piece == 0 && p.h0 != nullptr) ? ld1(p.h0, p.h0_t, (t.b * p.dim + d) * N + n) : 0.0f;
+        pcum[n] = 1.0f;
+      }
+      const int64_t closed = seg_units(g, reverse, u0, u1, h, t.piece == 0 ? nullptr : pcum);
+      for (int64_t n = 0; n < N; ++n) {
+        t.hend[n] = h[n];
+        t.ptot[n] = t.piece == 0 ? 0.0f : pcum[n];
+      }
+      *t.window = t.piece == 0 ? u0 : closed >= 0 ? closed : u1;
+    } else {
+      for (int64_t n = 0; n < N; ++n) h[n] = t.hin[n];
+      seg_units(g, reverse, u0, *t.window, h, nullptr);
+    }
+    return;
+  }
   for (int64_t r = 0; r < t.nch; ++r) {
     const int64_t d = t.d0 + r;
-    g.d = d;
-    g.row = (t.b * p.dim + d) * p.length;
-    g.bb = (t.b * p.b_groups + d / (p.dim / p.b_groups)) * p.dstate * p.length;
-    g.cb = (t.b * p.c_groups + d / (p.dim / p.c_groups)) * p.dstate * p.length;
-    g.bias = p.delta_bias != nullptr ? ld1(p.delta_bias, p.delta_bias_t, d) : 0.0f;
-    for (int64_t n = 0; n < g.N; ++n) {
-      g.A2[n] = ld1(p.A, p.A_t, d * g.N + n) * simd::kLog2e;
-      g.Bc[n] = p.b_var ? 0.0f : ld1(p.B, p.B_t, d * g.N + n);
-      g.Cc[n] = p.c_var ? 0.0f : ld1(p.C, p.C_t, d * g.N + n);
-      h0[n] = p.h0 != nullptr ? ld1(p.h0, p.h0_t, (t.b * p.dim + d) * g.N + n) : 0.0f;
+    seg_setup(g, p, t, d, rest);
+    const int64_t units = g.nchunks + (g.tail != 0 ? 1 : 0);
+    const int64_t o = (t.b * p.dim + d) * N;
+    for (int64_t n = 0; n < N; ++n) h0[n] = p.h0 != nullptr ? ld1(p.h0, p.h0_t, o + n) : 0.0f;
+    const bool bidi = p.direction == SsDirection::kBidirectional;
+    if (p.direction != SsDirection::kForward) {
+      for (int64_t n = 0; n < N; ++n) h[n] = h0[n];
+      g.yr_mode = bidi ? 1 : 0;
+      seg_units(g, true, 0, units, h, nullptr);
+      if (p.last_rev != nullptr)
+        for (int64_t n = 0; n < N; ++n) p.last_rev[o + n] = h[n];
     }
-    for (int64_t i = 0; i < g.L; ++i) g.y[i] = 0.0f;
-    if (p.direction != SsDirection::kReverse) seg_direction(g, false, h0, hf);
-    if (p.direction != SsDirection::kForward) seg_direction(g, true, h0, hr);
-    for (int64_t n = 0; n < g.N; ++n) {
-      const int64_t o = (t.b * p.dim + d) * g.N + n;
-      if (p.last_fwd != nullptr && p.direction != SsDirection::kReverse) p.last_fwd[o] = hf[n];
-      if (p.last_rev != nullptr && p.direction != SsDirection::kForward) p.last_rev[o] = hr[n];
-    }
-    // out = (y + k D u) * silu(z), along L.
-    const float dk = p.D != nullptr ? (bidi ? 2.0f : 1.0f) * ld1(p.D, p.D_t, d) : 0.0f;
-    int64_t i = 0;
-    for (; i + W <= g.L; i += W) {
-      VF y = simd::fma(simd::broadcast(dk), ldv(p.u, p.u_t, g.row + i), simd::load(g.y + i));
-      if (p.z != nullptr) y = simd::mul(y, simd::silu(ldv(p.z, p.z_t, g.row + i)));
-      stv(p.out, p.out_t, g.row + i, y);
-    }
-    for (; i < g.L; ++i) {
-      float y = g.y[i] + dk * ld1(p.u, p.u_t, g.row + i);
-      if (p.z != nullptr) {
-        const float z = ld1(p.z, p.z_t, g.row + i);
-        y *= z / (1.0f + std::exp(-z));
-      }
-      st1(p.out, p.out_t, g.row + i, y);
+    if (p.direction != SsDirection::kReverse) {
+      for (int64_t n = 0; n < N; ++n) h[n] = h0[n];
+      g.yr_mode = bidi ? 2 : 0;
+      seg_units(g, false, 0, units, h, nullptr);
+      if (p.last_fwd != nullptr)
+        for (int64_t n = 0; n < N; ++n) p.last_fwd[o + n] = h[n];
     }
   }
 }
 
-// Narrow path when a task fills at most a quarter of the lanes and each lane gets
-// at least 4 blocks of steps.
-inline bool use_narrow(const SsParams& p, int64_t nch) {
-  return nch * 4 <= W && p.length >= 4 * W * W && p.length / W >= 48;
-}
-
 inline void run(const SsParams& p, const SsTask& t) {
-  if (use_narrow(p, t.nch)) {
+  if (ss_use_narrow(W, t.nch, p.length)) {
     run_narrow(p, t);
     return;
   }

@@ -39,14 +39,54 @@ struct SsParams {
 };
 
 // One task: batch row `b`, channels [d0, d0 + nch) with nch <= lanes, all in
-// one B group and one C group. `work` holds work_floats(...) floats (64-byte aligned); `dA`
-// (bidirectional only, may be null: then the reverse pass recomputes
-// exp(delta A)) holds length * dstate * lanes floats.
+// one B group and one C group. `work` holds ss_work_floats(...) floats (64-byte
+// aligned); `dA` (bidirectional only, may be null: then the reverse pass
+// recomputes exp(delta A)) holds length * dstate * lanes floats.
+//
+// L split (split = 1): the task is one direction (`reverse`) of one piece
+// `piece` of `pieces` contiguous ranges of the scanned axis (ranges of whole
+// scan units: lanes-step blocks, or along-L chunks; see ss_units). Phase 1 runs
+// the piece from h0 (piece 0) or from zero (others), writes its outputs, and
+// reports the end state `hend` and the product of every dA over the piece `ptot`
+// ([nch][dstate] each; ptot is exactly 0 once the running product underflowed)
+// and in `window` the scan unit before which that happened (the piece's end
+// when it never did). Phase 3 (pieces >= 1) reruns units [piece start, *window)
+// from the true entering state `hin` ([nch][dstate]); every later output was
+// already exact (its missing term was 0 * hin). With bidirectional calls the
+// reverse half writes its y (before D and the gate) to `yr` (float, [L][lanes],
+// or [L] on the along-L path) and the forward half adds it.
 struct SsTask {
   int64_t b, d0, nch;
   float* work;
   float* dA;
+  int32_t split, phase, reverse, yr_mode;  // yr_mode: 0 none, 1 write yr, 2 add yr
+  int64_t piece, pieces;
+  const float* hin;
+  float* hend;
+  float* ptot;
+  int64_t* window;
+  float* yr;
 };
+
+// The along-L ("narrow") path: a task of at most lanes / 4 channels on a long
+// sequence runs each channel with the time axis in the lanes (lanes segments of
+// ss_seg_len steps per chunk). The driver then makes one task per channel.
+inline bool ss_use_narrow(int64_t lanes, int64_t nch, int64_t length) {
+  return nch * 4 <= lanes && length >= 4 * lanes * lanes && length / lanes >= 48;
+}
+// Segment length of the along-L path: lanes, so that a chunk (lanes segments)
+// is one lanes x lanes tile of contiguous steps: every array is then read as one
+// sequential stream (rows of longer segments are lanes streams per array, more
+// than the hardware prefetchers follow: measured 4x slower at 64-step segments).
+inline int64_t ss_seg_len(int64_t lanes, int64_t /*dstate*/) { return lanes; }
+// Scan units of a task: along-L chunks (+ 1 for a partial tail) or lanes-step blocks.
+inline int64_t ss_units(int64_t lanes, int64_t nch, int64_t dstate, int64_t length) {
+  if (ss_use_narrow(lanes, nch, length)) {
+    const int64_t chunk = ss_seg_len(lanes, dstate) * lanes;
+    return length / chunk + (length % chunk != 0 ? 1 : 0);
+  }
+  return (length + lanes - 1) / lanes;
+}
 
 struct SsTable {
   const char* name;  // "avx512", "avx2", "neon", "generic" (as KernelTable::name)
@@ -60,8 +100,9 @@ struct SsTable {
 
 // Floats of scratch one task needs besides dA (a multiple of 16).
 inline int64_t ss_work_floats(int64_t lanes, int64_t dstate, int64_t length) {
-  return (8 * dstate * lanes + 8 * lanes * lanes + 2 * dstate * lanes * lanes + 2 * length * lanes +
-          2 * length + 1024 + 15) / 16 * 16;
+  const int64_t chunk = ss_seg_len(lanes, dstate) * lanes;
+  return (10 * dstate * lanes + 12 * lanes * lanes + 2 * dstate * lanes * lanes + 2 * length * lanes +
+          (dstate + 2) * chunk + 2 * length + 8 * dstate + 1024 + 15) / 16 * 16;
 }
 
 const SsTable* ss_table_generic();

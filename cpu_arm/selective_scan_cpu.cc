@@ -93,7 +93,7 @@ void selective_scan_cpu(const SsParams& p, const SsTable& table, Executor& execu
       const int64_t b = i / (groups * tiles_per_group);
       const int64_t r = i % (groups * tiles_per_group);
       const int64_t g = r / tiles_per_group, tile = r % tiles_per_group;
-      SsTask t;
+      SsTask t{};
       t.b = b;
       t.d0 = g * per_group + tile * lanes;
       t.nch = std::min<int64_t>(lanes, per_group - tile * lanes);

@@ -260,6 +260,13 @@ int main(int argc, char** argv) {
       {2, 3, 4, 1300, 3, 0, true, true, true, true, true, true, F, F},
       {1, 2, 16, 4100, 0, 2, true, false, true, false, true, true, F, F},
       {1, 1, 2, 1024, 1, 1, true, true, true, true, true, true, H, F},
+      // Along-L path: L not a multiple of the chunk (scalar tail), N = 1 and 16,
+      // invariant / variable / grouped B and C, 16-bit storage.
+      {1, 1, 1, 4099, 1, 1, true, true, true, true, true, true, F, F},
+      {1, 1, 16, 777, 0, 1, true, true, true, true, true, true, F, F},
+      {3, 2, 3, 1111, 1, 2, true, false, true, true, true, true, H, F},
+      {1, 2, 1, 2303, 2, 2, true, true, true, true, true, true, S, S},
+      {2, 1, 5, 1500, 1, 0, false, true, false, false, true, true, F, F},
   };
   if (!quick) {
     cases.push_back({2, 96, 16, 1023, 1, 1, true, true, true, true, true, true, F, F});
