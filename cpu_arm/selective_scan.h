@@ -219,6 +219,7 @@ struct Ctx {
   float *Dv, *biasv;                   // [W]
   float* yr;                           // [L][W]
   float* dA;                           // [L][N][W] or null
+  float* Ps;                           // [N][W] dA's running product (L split)
   float dmax;                          // delta <= dmax keeps delta * A2 >= -125 (-1: never)
 };
 
@@ -287,8 +288,11 @@ inline void finish_block(const Ctx& c, int64_t t0, int nt, bool to_yr, bool add_
 
 // DA: 0 compute exp, 1 compute and keep in c.dA, 2 read c.dA. NS: N when it is a
 // compile-time constant (state in registers), 0 for any N (state in c.hs).
-template <int NS, bool BVAR, bool CVAR, int DA>
-void pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr) {
+// Scan-order blocks [bi0, bi1) (-1: all). TRACK (L split, phase 1): also keep dA's
+// running product in c.Ps and return after the first block at whose end it is 0 in
+// every lane and state (the returned index; bi1 when that never happens).
+template <int NS, bool BVAR, bool CVAR, int DA, bool TRACK = false>
+int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 0, int64_t bi1 = -1) {
   const int64_t N = NS > 0 ? NS : c.N;
   VF hreg[NS > 0 ? NS : 1];
   if constexpr (NS > 0) {
@@ -296,7 +300,8 @@ void pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr) {
     for (int n = 0; n < NS; ++n) hreg[n] = simd::load(c.hs + n * W);
   }
   const int64_t nblocks = (c.L + W - 1) / W;
-  for (int64_t bi = 0; bi < nblocks; ++bi) {
+  if (bi1 < 0) bi1 = nblocks;
+  for (int64_t bi = bi0; bi < bi1; ++bi) {
     const int64_t blk = reverse ? nblocks - 1 - bi : bi;
     const int64_t t0 = blk * W;
     const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
@@ -319,6 +324,7 @@ void pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr) {
           a = decltype(fast_tag)::value ? simd::exp2_inrange(x) : simd::exp2_any(x);
           if constexpr (DA == 1) simd::store(dAp + n * W, a);
         }
+        if constexpr (TRACK) simd::store(c.Ps + n * W, simd::mul(a, simd::load(c.Ps + n * W)));
         const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
         const VF cc = CVAR ? simd::broadcast(c.Cb[n * W + tb]) : simd::load(c.Ci + n * W);
         h = simd::fma(a, h, simd::mul(duv, bb));
@@ -339,16 +345,67 @@ void pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr) {
       simd::store(c.yb + tb * W, y);
     }
     finish_block(c, t0, nt, to_yr, add_yr);
+    if constexpr (TRACK) {
+      bool zero = true;
+      for (int64_t n = 0; n < N; ++n) zero = zero && !simd::any_outside(simd::load(c.Ps + n * W), 0.0f, 0.0f);
+      if (zero) {
+        bi1 = bi + 1;
+        break;
+      }
+    }
   }
   if constexpr (NS > 0) {
     JSS_UNROLL
     for (int n = 0; n < NS; ++n) simd::store(c.hs + n * W, hreg[n]);
   }
+  return bi1;
+}
+
+// One direction of one piece of an L-split task (see SsTask).
+template <int NS, bool BVAR, bool CVAR>
+void run_piece(const Ctx& c, const SsTask& t) {
+  const SsParams& p = *c.p;
+  const bool reverse = t.reverse != 0;
+  const bool to_yr = t.yr_mode == 1, add_yr = t.yr_mode == 2;
+  const int64_t units = (c.L + W - 1) / W;
+  const int64_t u0 = t.piece * units / t.pieces, u1 = (t.piece + 1) * units / t.pieces;
+  const int64_t N = c.N;
+  if (t.phase == 1) {
+    if (t.piece == 0) {
+      init_state(c);
+      pass<NS, BVAR, CVAR, 0>(c, reverse, to_yr, add_yr, u0, u1);
+      *t.window = u0;
+      for (int64_t i = 0; i < N * W; ++i) c.Ps[i] = 0.0f;
+    } else {
+      for (int64_t n = 0; n < N; ++n)
+        for (int r = 0; r < W; ++r) {
+          c.hs[n * W + r] = 0.0f;
+          c.Ps[n * W + r] = r < c.nch ? 1.0f : 0.0f;  // idle lanes: already "underflowed"
+        }
+      const int64_t w = pass<NS, BVAR, CVAR, 0, true>(c, reverse, to_yr, add_yr, u0, u1);
+      if (w < u1) pass<NS, BVAR, CVAR, 0>(c, reverse, to_yr, add_yr, w, u1);
+      *t.window = w;
+    }
+    for (int r = 0; r < c.nch; ++r)
+      for (int64_t n = 0; n < N; ++n) {
+        t.hend[r * N + n] = c.hs[n * W + r];
+        t.ptot[r * N + n] = c.Ps[n * W + r];
+      }
+    (void)p;
+  } else {
+    for (int64_t n = 0; n < N; ++n)
+      for (int r = 0; r < W; ++r) c.hs[n * W + r] = r < c.nch ? t.hin[r * N + n] : 0.0f;
+    pass<NS, BVAR, CVAR, 0>(c, reverse, to_yr, add_yr, u0, *t.window);
+  }
 }
 
 template <int NS, bool BVAR, bool CVAR>
-void run_task(const Ctx& c) {
+void run_task(const Ctx& c, const SsTask& t) {
   const SsParams& p = *c.p;
+  if (t.split) {
+    run_piece<NS, BVAR, CVAR>(c, t);
+    return;
+  }
   switch (p.direction) {
     case SsDirection::kForward:
       pass<NS, BVAR, CVAR, 0>(c, false, false, false);
@@ -689,28 +746,34 @@ inline void run_narrow(const SsParams& p, const SsTask& t) {
   float* h0 = w + 2 * N;   // [N]
   float* rest = w + (3 * N + 15) / 16 * 16;
   if (t.split) {
-    // One channel, one direction, one piece.
-    const int64_t d = t.d0;
-    seg_setup(g, p, t, d, rest);
+    // One direction, one piece, each channel in turn (the window: the largest of them).
     const bool reverse = t.reverse != 0;
-    g.yr_mode = t.yr_mode;
-    const int64_t units = g.nchunks + (g.tail != 0 ? 1 : 0);
-    const int64_t u0 = t.piece * units / t.pieces, u1 = (t.piece + 1) * units / t.pieces;
-    if (t.phase == 1) {
-      for (int64_t n = 0; n < N; ++n) {
-        h[n] = (t.piece == 0 && p.h0 != nullptr) ? ld1(p.h0, p.h0_t, (t.b * p.dim + d) * N + n) : 0.0f;
-        pcum[n] = 1.0f;
+    int64_t window = 0;
+    for (int64_t r = 0; r < t.nch; ++r) {
+      const int64_t d = t.d0 + r;
+      seg_setup(g, p, t, d, rest);
+      if (t.yr != nullptr) g.yr = t.yr + r * g.L;
+      g.yr_mode = t.yr_mode;
+      const int64_t units = g.nchunks + (g.tail != 0 ? 1 : 0);
+      const int64_t u0 = t.piece * units / t.pieces, u1 = (t.piece + 1) * units / t.pieces;
+      if (t.phase == 1) {
+        for (int64_t n = 0; n < N; ++n) {
+          h[n] = (t.piece == 0 && p.h0 != nullptr) ? ld1(p.h0, p.h0_t, (t.b * p.dim + d) * N + n) : 0.0f;
+          pcum[n] = 1.0f;
+        }
+        const int64_t closed = seg_units(g, reverse, u0, u1, h, t.piece == 0 ? nullptr : pcum);
+        for (int64_t n = 0; n < N; ++n) {
+          t.hend[r * N + n] = h[n];
+          t.ptot[r * N + n] = t.piece == 0 ? 0.0f : pcum[n];
+        }
+        const int64_t w = t.piece == 0 ? u0 : closed >= 0 ? closed : u1;
+        window = r == 0 || w > window ? w : window;
+      } else {
+        for (int64_t n = 0; n < N; ++n) h[n] = t.hin[r * N + n];
+        seg_units(g, reverse, u0, *t.window, h, nullptr);
       }
-      const int64_t closed = seg_units(g, reverse, u0, u1, h, t.piece == 0 ? nullptr : pcum);
-      for (int64_t n = 0; n < N; ++n) {
-        t.hend[n] = h[n];
-        t.ptot[n] = t.piece == 0 ? 0.0f : pcum[n];
-      }
-      *t.window = t.piece == 0 ? u0 : closed >= 0 ? closed : u1;
-    } else {
-      for (int64_t n = 0; n < N; ++n) h[n] = t.hin[n];
-      seg_units(g, reverse, u0, *t.window, h, nullptr);
     }
+    if (t.phase == 1) *t.window = window;
     return;
   }
   for (int64_t r = 0; r < t.nch; ++r) {
@@ -759,8 +822,9 @@ inline void run(const SsParams& p, const SsTask& t) {
   c.dl = take(W * W); c.du = take(W * W); c.ub = take(W * W); c.yb = take(W * W);
   c.tmp = take(W * W);
   c.Dv = take(W); c.biasv = take(W);
-  c.yr = p.direction == SsDirection::kBidirectional ? take(c.L * W) : nullptr;
-  c.dA = t.dA;
+  c.yr = t.split ? t.yr : p.direction == SsDirection::kBidirectional ? take(c.L * W) : nullptr;
+  c.dA = t.split ? nullptr : t.dA;
+  c.Ps = take(c.N * W);
 
   const float k = p.direction == SsDirection::kBidirectional ? 2.0f : 1.0f;
   for (int r = 0; r < W; ++r) {
@@ -782,10 +846,10 @@ inline void run(const SsParams& p, const SsTask& t) {
   c.dmax = !(a_max <= 0.0f) ? -1.0f : a_min < 0.0f ? -125.0f / a_min : 3.0e38f;
   init_state(c);
   const bool n16 = c.N == 16;
-  if (p.b_var && p.c_var) n16 ? run_task<16, true, true>(c) : run_task<0, true, true>(c);
-  else if (p.b_var) n16 ? run_task<16, true, false>(c) : run_task<0, true, false>(c);
-  else if (p.c_var) n16 ? run_task<16, false, true>(c) : run_task<0, false, true>(c);
-  else n16 ? run_task<16, false, false>(c) : run_task<0, false, false>(c);
+  if (p.b_var && p.c_var) n16 ? run_task<16, true, true>(c, t) : run_task<0, true, true>(c, t);
+  else if (p.b_var) n16 ? run_task<16, true, false>(c, t) : run_task<0, true, false>(c, t);
+  else if (p.c_var) n16 ? run_task<16, false, true>(c, t) : run_task<0, false, true>(c, t);
+  else n16 ? run_task<16, false, false>(c, t) : run_task<0, false, false>(c, t);
 }
 
 }  // namespace ss

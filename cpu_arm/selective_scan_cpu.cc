@@ -72,40 +72,111 @@ void selective_scan_cpu(const SsParams& p, const SsTable& table, Executor& execu
   while (y != 0) { const int64_t r = x % y; x = y; y = r; }
   const int64_t per_group = x;
   const int64_t groups = p.dim / per_group;
-  const int64_t tiles_per_group = (per_group + lanes - 1) / lanes;
+  // Tasks: (batch row, tile of `lanes` channels of one group); one channel per task
+  // when every tile would take the along-L path (ss_use_narrow).
+  const int64_t tile = ss_use_narrow(lanes, std::min(lanes, per_group), p.length) ? 1 : lanes;
+  const int64_t tiles_per_group = (per_group + tile - 1) / tile;
   const int64_t tasks = p.batch * groups * tiles_per_group;
+  auto task_at = [&](int64_t i, SsTask& t) {
+    const int64_t b = i / (groups * tiles_per_group);
+    const int64_t r = i % (groups * tiles_per_group);
+    const int64_t g = r / tiles_per_group, k = r % tiles_per_group;
+    t.b = b;
+    t.d0 = g * per_group + k * tile;
+    t.nch = std::min<int64_t>(tile, per_group - k * tile);
+  };
   const bool bidi = p.direction == SsDirection::kBidirectional;
-  const int64_t da_floats = p.length * p.dstate * lanes;
-  int64_t max_da = kSsMaxDABytes;
-  if (const char* env = std::getenv("JAX_SELSCAN_SS_DA_BYTES"); env != nullptr && env[0] != '\0')
-    max_da = std::strtoll(env, nullptr, 10);
-  const bool keep_da = bidi && da_floats * int64_t(sizeof(float)) <= max_da;
   const int64_t work_floats = ss_work_floats(lanes, p.dstate, p.length);
   // Small calls stay on the calling thread.
   const int64_t cost = p.batch * p.dim * p.length * std::max<int64_t>(p.dstate, 1);
-  const int64_t workers =
-      cost < (int64_t(1) << 16) ? 1 : std::min<int64_t>(executor.num_threads(), tasks);
-  std::atomic<int64_t> next{0};
-  auto worker = [&](int64_t) {
-    Buffer work = alloc_floats(work_floats);
-    Buffer da = keep_da ? alloc_floats(da_floats) : Buffer();
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
-      const int64_t b = i / (groups * tiles_per_group);
-      const int64_t r = i % (groups * tiles_per_group);
-      const int64_t g = r / tiles_per_group, tile = r % tiles_per_group;
+  const int64_t threads = cost < (int64_t(1) << 16) ? 1 : executor.num_threads();
+  // Fewer tasks than threads: split L into `pieces` per task (>= kSsMinPieceSteps each).
+  int64_t min_piece = kSsMinPieceSteps;
+  if (const char* env = std::getenv("JAX_SELSCAN_SS_PIECE_STEPS"); env != nullptr && env[0] != '\0')
+    min_piece = std::max<int64_t>(1, std::strtoll(env, nullptr, 10));
+  int64_t pieces = 1;
+  if (threads > 1 && tasks < threads) {
+    int64_t units = p.length;  // the fewest scan units of any task bounds the pieces
+    for (int64_t nch : {std::min(tile, per_group), per_group % tile == 0 ? tile : per_group % tile})
+      units = std::min(units, ss_units(lanes, nch, p.dstate, p.length));
+    pieces = std::min({(threads + tasks - 1) / tasks, std::max<int64_t>(1, p.length / min_piece), units});
+  }
+  if (pieces <= 1) {
+    const int64_t da_floats = p.length * p.dstate * lanes;
+    int64_t max_da = kSsMaxDABytes;
+    if (const char* env = std::getenv("JAX_SELSCAN_SS_DA_BYTES"); env != nullptr && env[0] != '\0')
+      max_da = std::strtoll(env, nullptr, 10);
+    const bool keep_da = bidi && da_floats * int64_t(sizeof(float)) <= max_da;
+    const int64_t workers = std::min<int64_t>(threads, tasks);
+    std::atomic<int64_t> next{0};
+    auto worker = [&](int64_t) {
+      Buffer work = alloc_floats(work_floats);
+      Buffer da = keep_da ? alloc_floats(da_floats) : Buffer();
+      for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
+        SsTask t{};
+        task_at(i, t);
+        t.work = work.get();
+        t.dA = da.get();
+        table.run(p, t);
+      }
+    };
+    if (workers <= 1) worker(0);
+    else executor.parallel_for(workers, worker);
+    return;
+  }
+  // L split: per direction, phase 1 (every piece from zero, piece 0 from h0), the
+  // carries between pieces (sequential, tiny), phase 3 (pieces >= 1 rerun the
+  // steps before their dA product underflowed, from the true entering state).
+  const int64_t N = p.dstate, per = lanes * N;
+  std::vector<float> hend(tasks * pieces * per), ptot(tasks * pieces * per), hin(tasks * pieces * per);
+  std::vector<int64_t> window(tasks * pieces);
+  const int64_t yr_stride = tile == 1 ? p.length : p.length * lanes;
+  Buffer yr = bidi ? alloc_floats(tasks * yr_stride) : Buffer();
+  std::vector<SsDirection> dirs;
+  if (bidi) dirs = {SsDirection::kReverse, SsDirection::kForward};
+  else dirs = {p.direction};
+  for (SsDirection dir : dirs) {
+    const bool reverse = dir == SsDirection::kReverse;
+    auto run_item = [&](int64_t task, int64_t piece, int phase) {
+      Buffer work = alloc_floats(work_floats);
       SsTask t{};
-      t.b = b;
-      t.d0 = g * per_group + tile * lanes;
-      t.nch = std::min<int64_t>(lanes, per_group - tile * lanes);
+      task_at(task, t);
       t.work = work.get();
-      t.dA = da.get();
+      t.split = 1;
+      t.phase = phase;
+      t.reverse = reverse ? 1 : 0;
+      t.yr_mode = bidi ? (reverse ? 1 : 2) : 0;
+      t.piece = piece;
+      t.pieces = pieces;
+      const int64_t k = task * pieces + piece;
+      t.hin = hin.data() + k * per;
+      t.hend = hend.data() + k * per;
+      t.ptot = ptot.data() + k * per;
+      t.window = window.data() + k;
+      t.yr = bidi ? yr.get() + task * yr_stride : nullptr;
       table.run(p, t);
+    };
+    executor.parallel_for(tasks * pieces, [&](int64_t i) { run_item(i / pieces, i % pieces, 1); });
+    float* last = reverse ? p.last_rev : p.last_fwd;
+    for (int64_t task = 0; task < tasks; ++task) {
+      SsTask t{};
+      task_at(task, t);
+      const int64_t m = t.nch * N;
+      std::vector<float> X(m, 0.0f);
+      for (int64_t k = 0; k < pieces; ++k) {
+        const int64_t o = (task * pieces + k) * per;
+        for (int64_t i = 0; i < m; ++i) {
+          hin[o + i] = X[i];
+          X[i] = hend[o + i] + ptot[o + i] * X[i];  // piece 0: ptot = 0, hend from h0
+        }
+      }
+      if (last != nullptr)
+        for (int64_t i = 0; i < m; ++i) last[(t.b * p.dim + t.d0) * N + i] = X[i];
     }
-  };
-  if (workers <= 1) {
-    worker(0);
-  } else {
-    executor.parallel_for(workers, worker);
+    if (pieces > 1)
+      executor.parallel_for(tasks * (pieces - 1), [&](int64_t i) {
+        run_item(i / (pieces - 1), 1 + i % (pieces - 1), 3);
+      });
   }
 }
 

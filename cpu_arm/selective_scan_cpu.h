@@ -24,6 +24,10 @@ const SsTable* select_ss_table(std::string* error);
 // was 1.14x of two calls at L 128 (128 KiB), 0.97x at L 256, and a 2 MiB buffer made it
 // 0.9x of two calls); the environment variable JAX_SELSCAN_SS_DA_BYTES overrides it.
 constexpr int64_t kSsMaxDABytes = int64_t(128) << 10;
+// With fewer tasks than threads each task's sequence is split into pieces of at
+// least this many steps, one per thread (JAX_SELSCAN_SS_PIECE_STEPS overrides it,
+// for tests). The split changes results by float rounding only (see SsTask).
+constexpr int64_t kSsMinPieceSteps = 4096;
 void selective_scan_cpu(const SsParams& p, const SsTable& table, Executor& executor);
 
 }  // namespace jax_selscan

@@ -11,9 +11,11 @@
 //   dtypes: float32, bfloat16, float16 for every array (mixed allowed); float32 state.
 //
 // Threads: XLA's intra-op pool (the calling thread plus at most
-// num_threads - 1 pool tasks).
+// num_threads - 1 pool tasks); JAX_SELSCAN_CPU_THREADS=k (read on every call)
+// caps that at k (for scaling measurements; 0 or unset: no cap).
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,7 +34,12 @@ namespace {
 // that starts late finds nothing to do and touches nothing else.
 class SsPoolExecutor final : public Executor {
  public:
-  explicit SsPoolExecutor(ffi::ThreadPool& pool) : pool_(pool), threads_(pool.num_threads()) {}
+  explicit SsPoolExecutor(ffi::ThreadPool& pool) : pool_(pool), threads_(pool.num_threads()) {
+    if (const char* env = std::getenv("JAX_SELSCAN_CPU_THREADS"); env != nullptr && env[0] != '\0') {
+      const int64_t cap = std::strtoll(env, nullptr, 10);
+      if (cap > 0 && cap < threads_) threads_ = cap;
+    }
+  }
   int64_t num_threads() const override { return threads_ > 0 ? threads_ : 1; }
   void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) override {
     if (n <= 1 || threads_ <= 1) {
