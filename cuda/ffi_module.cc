@@ -18,27 +18,19 @@
 #include <nanobind/nanobind.h>
 
 #include "linear_scan.h"
+#include "scratch.h"
+#include "selective_scan.h"
+#include "selective_scan_ffi.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
 namespace ffi = xla::ffi;
 
-namespace {
-
-bool to_dtype(ffi::DataType t, jss::DType* out) {
-  switch (t) {
-    case ffi::DataType::F32: *out = jss::DType::F32; return true;
-    case ffi::DataType::F64: *out = jss::DType::F64; return true;
-    case ffi::DataType::BF16: *out = jss::DType::BF16; return true;
-    case ffi::DataType::F16: *out = jss::DType::F16; return true;
-    case ffi::DataType::C64: *out = jss::DType::C64; return true;
-    default: return false;
-  }
-}
+namespace jss {
 
 // One memory pool per device, created on first use; it keeps up to 256 MiB cached so that
 // the per-call allocations are cheap.
-cudaError_t scratch_pool(int dev, cudaMemPool_t* out) {
+static cudaError_t scratch_pool(int dev, cudaMemPool_t* out) {
   static std::mutex mu;
   static cudaMemPool_t pools[128] = {};
   if (dev < 0 || dev >= 128) return cudaErrorInvalidDevice;
@@ -57,6 +49,33 @@ cudaError_t scratch_pool(int dev, cudaMemPool_t* out) {
   }
   *out = pools[dev];
   return cudaSuccess;
+}
+
+cudaError_t scratch_alloc(cudaStream_t stream, size_t bytes, void** out) {
+  *out = nullptr;
+  if (!bytes) return cudaSuccess;
+  int dev = 0;
+  cudaError_t err = cudaStreamGetDevice(stream, &dev);
+  if (err == cudaSuccess) err = cudaSetDevice(dev);
+  cudaMemPool_t pool;
+  if (err == cudaSuccess) err = scratch_pool(dev, &pool);
+  if (err == cudaSuccess) err = cudaMallocFromPoolAsync(out, bytes, pool, stream);
+  return err;
+}
+
+}  // namespace jss
+
+namespace {
+
+bool to_dtype(ffi::DataType t, jss::DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = jss::DType::F32; return true;
+    case ffi::DataType::F64: *out = jss::DType::F64; return true;
+    case ffi::DataType::BF16: *out = jss::DType::BF16; return true;
+    case ffi::DataType::F16: *out = jss::DType::F16; return true;
+    case ffi::DataType::C64: *out = jss::DType::C64; return true;
+    default: return false;
+  }
 }
 
 bool same_dims(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
@@ -105,15 +124,8 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& a,
   p.algorithm = static_cast<int>(algorithm);
   if (p.outer == 0 || p.L == 0 || p.inner == 0) return ffi::Error::Success();  // empty
   const size_t bytes = jss::scratch_bytes(t, p);
-  int dev = 0;
-  cudaError_t err = cudaStreamGetDevice(stream, &dev);
-  if (err == cudaSuccess) err = cudaSetDevice(dev);
   void* buf = nullptr;
-  if (err == cudaSuccess && bytes) {
-    cudaMemPool_t pool;
-    err = scratch_pool(dev, &pool);
-    if (err == cudaSuccess) err = cudaMallocFromPoolAsync(&buf, bytes, pool, stream);
-  }
+  cudaError_t err = jss::scratch_alloc(stream, bytes, &buf);
   if (err == cudaSuccess) err = jss::launch_linear_scan(t, p, buf, stream);
   if (buf) {
     cudaError_t e2 = cudaFreeAsync(buf, stream);
@@ -166,6 +178,8 @@ NB_MODULE(_cuda, m) {
     nb::dict d;
     d["jax_selscan_linear_scan"] = nb::capsule(reinterpret_cast<void*>(JssLinearScanCuda));
     d["jax_selscan_linear_scan_prod"] = nb::capsule(reinterpret_cast<void*>(JssLinearScanProdCuda));
+    d["jax_selscan_selective_scan_fwd"] = nb::capsule(reinterpret_cast<void*>(JssSelectiveScanFwdCuda));
+    d["jax_selscan_selective_scan_bwd"] = nb::capsule(reinterpret_cast<void*>(JssSelectiveScanBwdCuda));
     return d;
   });
   // Test hooks: the resolved algorithm and the scratch size for a shape (no GPU needed).
@@ -175,5 +189,8 @@ NB_MODULE(_cuda, m) {
     p.L = L;
     p.inner = inner;
     return jss::resolve_algorithm(p);
+  });
+  m.def("selective_scan_geometry", [](int64_t N, int64_t rows) {
+    return nb::make_tuple(jss::ss_states_per_thread(N, rows, false), jss::ss_lanes_per_row(N, rows, false));
   });
 }

@@ -10,7 +10,9 @@ import jax
 # FFI target names (must match the handler names registered below).
 LINEAR_SCAN = "jax_selscan_linear_scan"
 LINEAR_SCAN_PROD = "jax_selscan_linear_scan_prod"
-SELECTIVE_SCAN = "jax_selscan_selective_scan"
+SELECTIVE_SCAN = "jax_selscan_selective_scan"            # CPU (forward)
+SELECTIVE_SCAN_FWD_CUDA = "jax_selscan_selective_scan_fwd"
+SELECTIVE_SCAN_BWD_CUDA = "jax_selscan_selective_scan_bwd"
 
 
 def _register(module_name: str, platform: str) -> bool:

@@ -8,11 +8,13 @@
 The public function is split in two so that a kernel primitive can slot in
 behind the same checks: ``_validate`` normalises and checks every argument
 (clear errors at trace time, naming the argument) and ``_compute`` evaluates a
-validated call through the ``selective_scan_p`` primitive (primitives.py): the
-fused CPU kernel (cpu_arm/selective_scan.h) for float32/bfloat16/float16 inputs
-on CPU, otherwise ``_compute_jax``, where the (batch, D, N, L) tensors are
-materialised and the recurrence runs through the package's ``linear_scan``
-along L. Derivatives: a custom JVP from ``_compute_jax`` (forward and reverse mode).
+validated call through the ``selective_scan_p`` primitive
+(selective_scan_primitives.py): the fused kernels for float32/bfloat16/float16 inputs
+(cpu_arm/selective_scan.h on CPU, cuda/selective_scan_kernels.cuh on GPU), otherwise
+``_compute_jax``, where the (batch, D, N, L) tensors are materialised and the
+recurrence runs through the package's ``linear_scan`` along L. Derivatives: a custom
+JVP whose tangent map is a primitive; reverse mode transposes it into the fused CUDA
+backward kernel on GPU and into the VJP of ``_compute_jax`` elsewhere.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import check_array, check_bool, state_dtype
-from . import primitives
+from . import selective_scan_primitives as primitives
 from .linear_scan import linear_scan
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
@@ -260,12 +262,17 @@ def _scan_kernel(u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus, return
 
 @_scan_kernel.defjvp
 def _scan_kernel_jvp(delta_softplus, return_last_state, direction, primals, tangents):
-    # Derivatives come from the pure-JAX formulation (its JVP, and under grad the
-    # transpose of that JVP): correct for every argument, but it materialises the
-    # (batch, D, N, L) tensors like _compute_jax does. See docs/PERFORMANCE_CPU.md.
-    def f(*ops):
-        return _compute_jax(_args_from(*ops, delta_softplus, return_last_state, direction))
-    return jax.jvp(f, primals, tangents)
+    # The tangent map is the primitive selective_scan_lin_p (selective_scan_primitives.py):
+    # evaluated by the pure-JAX JVP in forward mode, and transposed in reverse mode into
+    # selective_scan_bwd_p, the fused backward kernel on GPU.
+    params = dict(delta_softplus=bool(delta_softplus), return_last_state=bool(return_last_state),
+                  direction=direction)
+    outs = primitives.selective_scan_bind(*primals, **params)
+    ops, flags = primitives.operands(*primals)
+    tops, _ = primitives.operands(*tangents, like=flags)
+    touts = primitives.selective_scan_lin_bind(ops, tops, **params, **flags)
+    return (_assemble(outs, return_last_state, direction),
+            _assemble(touts, return_last_state, direction))
 
 
 def _compute(args: ScanArgs):

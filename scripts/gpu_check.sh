@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # THE one GPU script: build + install the package, GPU tests, compute-sanitizer
-# (memcheck, racecheck, synccheck) on a small standalone driver, determinism (500 runs),
-# the > 2^31-element check and the benchmark. Everything lands under $OUT (default ./out).
+# (memcheck, racecheck, synccheck) on small standalone drivers, determinism (500 runs),
+# the > 2^31-element checks and the benchmarks. Everything lands under $OUT (default ./out).
 #   STAGES="build driver pytest sanitize determinism big bench" scripts/gpu_check.sh
+# Selective scan: ss_pytest (GPU tests incl. 500-run determinism and > 2^31 elements),
+# ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_bench
+# (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
+# an ignored local script, builds it; its code is never part of this repository).
 #   (also: DRIVER=prebuilt scan_driver, BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # Each stage has its own time limit so that a hang cannot eat the whole call.
@@ -12,7 +16,7 @@ set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 LOGS=${LOGS:-/tmp/gpu_check_logs}
 mkdir -p "$OUT" "$LOGS"
-STAGES=${STAGES:-"build driver pytest determinism big bench sanitize"}
+STAGES=${STAGES:-"build driver pytest determinism big bench sanitize ss_pytest ss_sanitize ss_bench"}
 ARCH=${ARCH:-90}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
@@ -56,6 +60,20 @@ if has bench; then
     > "$LOGS/build_cub.log" 2>&1 &
   CUB_PID=$!
 fi
+if [[ -n "${MAMBA_BUILD:-}" && -f "${MAMBA_BUILD}" ]] && has ss_bench; then
+  ( t0=$(date +%s); timeout 400 bash "$MAMBA_BUILD" /tmp/mamba_build > "$LOGS/mamba_build.log" 2>&1; rc=$?
+    echo "=== mamba build rc=$rc in $(( $(date +%s) - t0 ))s" >> "$LOGS/mamba_build.log" ) &
+  MAMBA_PID=$!
+fi
+if has ss_sanitize; then
+  nvcc -O2 -std=c++17 -arch=sm_$ARCH -lineinfo -Icuda cuda/tools/ss_driver.cu cuda/selective_scan_f32.cu \
+    cuda/selective_scan_bf16.cu cuda/selective_scan_f16.cu cuda/selective_scan_host.cc \
+    -o "$BIN/ss_driver" > "$LOGS/build_ss_driver.log" 2>&1 || status=1
+  TAIL=4 step ss_driver 120 "$BIN/ss_driver"
+  for tool in memcheck racecheck synccheck; do
+    TAIL=4 step "ss_sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/ss_driver"
+  done
+fi
 DRV=${DRIVER:-}
 if [[ -n "$DRV" ]] && ! timeout 30 "$DRV" tiny strided_stage > /dev/null 2>&1; then
   echo "DRIVER=$DRV does not run here: building it"; DRV=
@@ -83,6 +101,14 @@ fi
 (cd /tmp && $PY -c "import jax_selscan as j; print('has_cuda_kernels', j.has_cuda_kernels)") || status=1
 has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
 has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider ${PYTEST_ARGS:-}
+if has ss_bench; then
+  [[ -n "${MAMBA_PID:-}" ]] && { wait $MAMBA_PID; tail -n 5 "$LOGS/mamba_build.log"; }
+  MAMBA_ARGS=(); [[ -d /tmp/mamba_build ]] && MAMBA_ARGS=(--mamba-dir /tmp/mamba_build)
+  [[ -f benchmarks/gpu_selective_scan.py ]] && TAIL=60 step ss_bench 540 $PY -P benchmarks/gpu_selective_scan.py \
+    --out "$OUT" "${MAMBA_ARGS[@]}" ${SS_BENCH_ARGS:-}
+fi
+has ss_pytest && JAX_SELSCAN_BIG_TESTS=1 JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
+  step ss_pytest ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider ${SS_PYTEST_ARGS:-}
 for f in env.txt "$LOGS"/*.log; do
   f=$(basename "$f"); [[ -f "$LOGS/$f" ]] && { echo "##### $f"; cat "$LOGS/$f"; }
 done > "$OUT/stages.log" 2>&1

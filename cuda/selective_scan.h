@@ -1,0 +1,108 @@
+// Host-side interface of the CUDA selective-scan kernels (plain C++, no CUDA syntax),
+// shared by the FFI handlers (selective_scan_ffi.cc) and the per-dtype kernel files.
+//
+// Layouts (row-major, as in jax_selscan.selective_scan): u, delta, z, out and their
+// gradients (batch, D, L); A (D, N); B, C either time-invariant (D, N) or varying
+// (batch, G, N, L) with channel d in group d / (D / G); D, delta_bias (D,); h0 and the
+// last states (batch, D, N). "Row" r = b * D + d is one channel of one batch element.
+// The activations (u, delta, z, varying B/C, out, du, ddelta, dz) share one storage
+// dtype (float32, bfloat16 or float16); everything else is float32 (the FFI wrapper
+// casts). The state is always float32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace jss {
+
+enum class SsDType { F32, BF16, F16 };
+
+struct SsProblem {
+  SsDType t = SsDType::F32;
+  int64_t batch = 0, dim = 0, L = 0, N = 0;
+  int64_t groups_b = 0, groups_c = 0;  // 0: that operand is time-invariant (D, N), float32
+  const void* u = nullptr;
+  const void* delta = nullptr;
+  const void* z = nullptr;             // optional
+  const void* B = nullptr;             // (batch, G, N, L) in t, or (D, N) float32
+  const void* C = nullptr;
+  const float* A = nullptr;
+  const float* Dskip = nullptr;        // optional
+  const float* delta_bias = nullptr;   // optional
+  const float* h0 = nullptr;           // optional
+  bool softplus = false;
+  int direction = 0;                   // 0 forward, 1 reverse, 2 bidirectional
+};
+
+struct SsForwardOut {
+  void* out = nullptr;        // (batch, D, L) in t
+  float* last_fwd = nullptr;  // (batch, D, N), optional
+  float* last_rev = nullptr;  // (batch, D, N), optional
+};
+
+// Cotangents in, gradients out. dout is (batch, D, L) in t; dlast_* (batch, D, N) float32
+// or null (zero). Gradients: du, ddelta, dz in t (dz only with z); dA (D, N), dB/dC in
+// their operand's shape (float32), dD, ddelta_bias (D,), dh0 (batch, D, N) float32 (each
+// optional: null when the operand is absent).
+struct SsBackwardIO {
+  const void* dout = nullptr;
+  const float* dlast_fwd = nullptr;
+  const float* dlast_rev = nullptr;
+  void* du = nullptr;
+  void* ddelta = nullptr;
+  void* dz = nullptr;
+  float* dA = nullptr;
+  float* dB = nullptr;
+  float* dC = nullptr;
+  float* dD = nullptr;
+  float* ddelta_bias = nullptr;
+  float* dh0 = nullptr;
+};
+
+// Whether the kernels take this problem (N <= 128 states); otherwise the caller falls
+// back to the pure-JAX formulation.
+bool ss_supported(const SsProblem& p);
+
+// Scratch bytes (256-byte aligned pieces) the forward / backward launch needs.
+size_t ss_forward_scratch_bytes(const SsProblem& p);
+size_t ss_backward_scratch_bytes(const SsProblem& p);
+
+// Launch on `stream`; scratch must hold the bytes above. Returns the first CUDA error.
+cudaError_t ss_forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cudaStream_t stream);
+cudaError_t ss_backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, cudaStream_t stream);
+
+// Test hooks (no GPU needed): states per thread and lanes per channel the launch uses.
+int ss_states_per_thread(int64_t N, int64_t rows, bool backward);
+int ss_lanes_per_row(int64_t N, int64_t rows, bool backward);
+
+// Per-dtype entry points (one translation unit each).
+#define JSS_SS_DECLARE(NAME)                                                                  \
+  cudaError_t ss_forward_##NAME(const SsProblem& p, const SsForwardOut& o, void* scratch,      \
+                                cudaStream_t stream);                                         \
+  cudaError_t ss_backward_##NAME(const SsProblem& p, const SsBackwardIO& io, void* scratch,    \
+                                 cudaStream_t stream);
+JSS_SS_DECLARE(f32)
+JSS_SS_DECLARE(bf16)
+JSS_SS_DECLARE(f16)
+#undef JSS_SS_DECLARE
+
+}  // namespace jss
+
+namespace jss {
+
+// The launch geometry and scratch layout, shared by the host code and the kernels' launch
+// functions. Offsets are in bytes into the scratch buffer (each piece 256-byte aligned);
+// a piece a launch does not use has size 0.
+struct SsPlan {
+  int NS = 0;        // states per lane (1, 2 or 4)
+  int P = 0;         // lanes per row (power of two <= 32)
+  int CB = 0;        // backward: rows per block
+  int64_t K = 0;     // checkpoints per row
+  size_t ybuf = 0, ckpt = 0, pdB = 0, pdC = 0, pdA = 0, pdD = 0, pdbias = 0, pdh0 = 0,
+         du_acc = 0, dd_acc = 0, total = 0;
+};
+SsPlan ss_plan(const SsProblem& p, bool backward);  // dh0 scratch iff p.h0 is set
+
+}  // namespace jss

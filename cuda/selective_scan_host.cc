@@ -1,0 +1,115 @@
+// Host side of the CUDA selective scan: launch geometry, scratch layout, dtype dispatch.
+#include "selective_scan.h"
+
+namespace jss {
+namespace {
+
+constexpr int kCkHost = 8;  // = ssk::kCk (checkpoint interval)
+
+int64_t pow2ceil(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+// States per lane: 4 when N allows (the exponentials of 4 states per step keep the lane
+// busy between the shuffles of the per-step y sum); fewer, i.e. more lanes per row, when
+// there are few rows, so that enough warps are in flight (tuned on the H200: see
+// docs/PERFORMANCE_CUDA.md, selective scan).
+void geometry(int64_t N, int64_t rows, int* ns_out, int* p_out) {
+  int ns = N >= 4 ? 4 : (N >= 2 ? 2 : 1);
+  int64_t P = pow2ceil((N + ns - 1) / ns);
+  while (ns > 1 && P < 32 && rows * P < 65536) {
+    ns /= 2;
+    P = pow2ceil((N + ns - 1) / ns);
+  }
+  *ns_out = ns;
+  *p_out = static_cast<int>(P);
+}
+
+}  // namespace
+
+bool ss_supported(const SsProblem& p) {
+  return p.N >= 1 && p.N <= 128 && p.batch > 0 && p.dim > 0 && p.L > 0;
+}
+
+int ss_states_per_thread(int64_t N, int64_t rows, bool) {
+  int ns, P;
+  geometry(N, rows, &ns, &P);
+  return ns;
+}
+
+int ss_lanes_per_row(int64_t N, int64_t rows, bool) {
+  int ns, P;
+  geometry(N, rows, &ns, &P);
+  return P;
+}
+
+SsPlan ss_plan(const SsProblem& p, bool backward) {
+  SsPlan s;
+  const int64_t R = p.batch * p.dim;
+  geometry(p.N, R, &s.NS, &s.P);
+  s.K = (p.L + kCkHost - 1) / kCkHost;
+  const int ndir = p.direction == 2 ? 2 : 1;
+  size_t off = 0;
+  auto take = [&](size_t floats) {
+    size_t at = off;
+    off += align256(floats * sizeof(float));
+    return at;
+  };
+  if (!backward) {
+    if (ndir == 2) s.ybuf = take(static_cast<size_t>(R * p.L));
+    s.total = off;
+    return s;
+  }
+  // Rows per block: the block's rows must lie in one B group and one C group (its dB/dC
+  // are summed over them), so CB divides D / G of each varying operand.
+  int CB = 128 / s.P;
+  auto bad = [&](int cb) {
+    return (p.dim % cb) || (p.groups_b && (p.dim / p.groups_b) % cb) ||
+           (p.groups_c && (p.dim / p.groups_c) % cb);
+  };
+  while (CB > 1 && bad(CB)) CB /= 2;
+  s.CB = CB;
+  const size_t varsz = static_cast<size_t>(p.batch * (p.dim / CB) * ndir * p.N * p.L);
+  const size_t invsz = static_cast<size_t>(p.batch * ndir * p.dim * p.N);
+  s.ckpt = take(static_cast<size_t>(R * s.K * p.N));
+  s.pdB = take(p.groups_b ? varsz : invsz);
+  s.pdC = take(p.groups_c ? varsz : invsz);
+  s.pdA = take(invsz);
+  s.pdD = take(static_cast<size_t>(p.batch * ndir * p.dim));
+  s.pdbias = take(static_cast<size_t>(p.batch * ndir * p.dim));
+  if (p.h0) s.pdh0 = take(static_cast<size_t>(ndir * R * p.N));
+  if (ndir == 2) {
+    s.du_acc = take(static_cast<size_t>(R * p.L));
+    s.dd_acc = take(static_cast<size_t>(R * p.L));
+    s.ybuf = take(static_cast<size_t>(R * p.L));
+  }
+  s.total = off;
+  return s;
+}
+
+size_t ss_forward_scratch_bytes(const SsProblem& p) { return ss_plan(p, false).total; }
+size_t ss_backward_scratch_bytes(const SsProblem& p) { return ss_plan(p, true).total; }
+
+cudaError_t ss_forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cudaStream_t stream) {
+  switch (p.t) {
+    case SsDType::F32: return ss_forward_f32(p, o, scratch, stream);
+    case SsDType::BF16: return ss_forward_bf16(p, o, scratch, stream);
+    case SsDType::F16: return ss_forward_f16(p, o, scratch, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t ss_backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, cudaStream_t stream) {
+  switch (p.t) {
+    case SsDType::F32: return ss_backward_f32(p, io, scratch, stream);
+    case SsDType::BF16: return ss_backward_bf16(p, io, scratch, stream);
+    case SsDType::F16: return ss_backward_f16(p, io, scratch, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jss

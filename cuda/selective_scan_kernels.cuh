@@ -1,0 +1,579 @@
+// CUDA kernels of Mamba's selective scan (see selective_scan.h for layouts).
+//
+//   dt    = softplus(delta + delta_bias)               (bias, softplus optional)
+//   h[t]  = exp2(dt[t] * A * log2 e) * h[t-1] + dt[t] * u[t] * B[t]     per state n
+//   y[t]  = sum_n C[t, n] h[t, n];  out = (y + D u) * silu(z)
+//
+// Work split: P lanes of one warp own one row (channel of one batch element) and NS
+// states each (P * NS >= N), and walk the row's time steps in order with the state in
+// registers. The exponentials (one per element and state: the SFU bound of the kernel)
+// are computed once; nothing of size (batch, D, N, L) is ever stored. Per step the P
+// lanes sum their partial y with xor shuffles. Inputs are read 4 steps at a time
+// (16-byte vectors for float32 when L % 4 == 0), softplus(delta) is computed once per
+// step and row (lane j of a group does step j % 4 and shares it by shuffle).
+//
+// Backward (one launch per direction after a checkpoint sweep): the forward kernel
+// re-runs with mode kCheckpoint and stores the state entering every kCk-step chunk;
+// the backward kernel walks the chunks in reverse, recomputes the chunk's states and
+// exponentials into registers from its checkpoint and then runs the adjoint
+// recurrence g[t] = C[t] dy[t] + exp(dt[t+1] A) g[t+1] backwards through it.
+// Gradients that sum over channels (dB, dC of varying B/C) are reduced in a fixed order:
+// first across the block's channels in shared memory, then across blocks (and batch
+// elements / directions for dA, dD, ddelta_bias, time-invariant dB/dC) by sum_mid.
+// No floating-point atomics anywhere: the gradients are bitwise reproducible.
+//
+// Offsets are 64-bit throughout.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "selective_scan.h"
+
+namespace jss {
+namespace ssk {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kCk = 8;        // checkpoint interval and backward chunk (multiple of 4)
+constexpr int kBlock = 128;   // forward block size
+constexpr unsigned kFull = 0xffffffffu;
+
+enum Mode : int {
+  kFinal = 0,       // out = (y + D u) * silu(z)
+  kRawY = 1,        // ybuf = y (first direction of "bidirectional")
+  kAddY = 2,        // out = (y + ybuf + 2 D u) * silu(z)
+  kCheckpoint = 3,  // states only: ckpt[row, k] = state entering chunk k
+};
+
+template <class T> struct Io;
+template <> struct Io<float> {
+  static __device__ __forceinline__ float ld(const float* p, int64_t i) { return __ldg(p + i); }
+  static __device__ __forceinline__ void ld4(const float* p, int64_t i, float v[4]) {
+    float4 x = __ldg(reinterpret_cast<const float4*>(p + i));
+    v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+  }
+  static __device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
+  static __device__ __forceinline__ void st4(float* p, int64_t i, const float v[4]) {
+    *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+};
+template <> struct Io<__nv_bfloat16> {
+  using H = __nv_bfloat16;
+  static __device__ __forceinline__ float ld(const H* p, int64_t i) { return __bfloat162float(__ldg(p + i)); }
+  static __device__ __forceinline__ void ld4(const H* p, int64_t i, float v[4]) {
+    uint2 x = __ldg(reinterpret_cast<const uint2*>(p + i));
+    float2 a = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x.x));
+    float2 b = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x.y));
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+  }
+  static __device__ __forceinline__ void st(H* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+  static __device__ __forceinline__ void st4(H* p, int64_t i, const float v[4]) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+    uint2 x;
+    x.x = *reinterpret_cast<unsigned*>(&a);
+    x.y = *reinterpret_cast<unsigned*>(&b);
+    *reinterpret_cast<uint2*>(p + i) = x;
+  }
+};
+template <> struct Io<__half> {
+  using H = __half;
+  static __device__ __forceinline__ float ld(const H* p, int64_t i) { return __half2float(__ldg(p + i)); }
+  static __device__ __forceinline__ void ld4(const H* p, int64_t i, float v[4]) {
+    uint2 x = __ldg(reinterpret_cast<const uint2*>(p + i));
+    float2 a = __half22float2(*reinterpret_cast<__half2*>(&x.x));
+    float2 b = __half22float2(*reinterpret_cast<__half2*>(&x.y));
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+  }
+  static __device__ __forceinline__ void st(H* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+  static __device__ __forceinline__ void st4(H* p, int64_t i, const float v[4]) {
+    __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
+    uint2 x;
+    x.x = *reinterpret_cast<unsigned*>(&a);
+    x.y = *reinterpret_cast<unsigned*>(&b);
+    *reinterpret_cast<uint2*>(p + i) = x;
+  }
+};
+
+// Time index of step s (steps run backwards through time for the reverse direction).
+__device__ __forceinline__ int64_t tmap(int64_t s, int64_t L, bool rev) { return rev ? L - 1 - s : s; }
+
+// Four steps s0..s0+3 (cnt of them valid) of one row starting at element offset `base`.
+// vec: L % 4 == 0, so the four time positions form one aligned vector in either direction.
+template <class T>
+__device__ __forceinline__ void load4(const T* p, int64_t base, int64_t L, int64_t s0, int cnt,
+                                      bool rev, bool vec, float v[4]) {
+  if (vec && cnt == 4) {
+    Io<T>::ld4(p, base + (rev ? L - 4 - s0 : s0), v);
+    if (rev) {
+      float t0 = v[0], t1 = v[1];
+      v[0] = v[3]; v[1] = v[2]; v[2] = t1; v[3] = t0;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = k < cnt ? Io<T>::ld(p, base + tmap(s0 + k, L, rev)) : 0.f;
+  }
+}
+template <class T>
+__device__ __forceinline__ void store4(T* p, int64_t base, int64_t L, int64_t s0, int cnt, bool rev,
+                                       bool vec, const float v[4]) {
+  if (vec && cnt == 4) {
+    float w[4] = {v[0], v[1], v[2], v[3]};
+    if (rev) { w[0] = v[3]; w[1] = v[2]; w[2] = v[1]; w[3] = v[0]; }
+    Io<T>::st4(p, base + (rev ? L - 4 - s0 : s0), w);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (k < cnt) Io<T>::st(p, base + tmap(s0 + k, L, rev), v[k]);
+  }
+}
+
+// 2^x on the SFU (ex2.approx.ftz: relative error ~2^-22; results below 2^-126 flush to 0,
+// which only drops state contributions already smaller than that).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
+
+// Sum over the P lanes (aligned, power of two) that own one row.
+__device__ __forceinline__ float group_sum(float v, int P, unsigned mask) {
+  for (int o = 1; o < P; o <<= 1) v += __shfl_xor_sync(mask, v, o);
+  return v;
+}
+
+// Where lane j's state i of row (b, d) reads B or C: a row offset into the varying
+// (batch, G, N, L) array, or the time-invariant value itself.
+struct BcRef {
+  int64_t off;   // varying: element offset of (b, g, n, 0)
+  float inv;     // time-invariant: the value (0 for padding states)
+};
+__device__ __forceinline__ BcRef bc_ref(const void* X, int64_t groups, int64_t b, int64_t d,
+                                        int64_t n, bool nval, const SsProblem& p) {
+  BcRef r{0, 0.f};
+  const int64_t nn = nval ? n : 0;
+  if (groups) {
+    r.off = ((b * groups + d / (p.dim / groups)) * p.N + nn) * p.L;
+  } else {
+    r.inv = nval ? static_cast<const float*>(X)[d * p.N + n] : 0.f;
+  }
+  return r;
+}
+
+struct FwdArgs {
+  SsProblem p;
+  void* out;
+  float* last;        // (R, N) or null
+  float* ckpt;        // (R, K, N) for kCheckpoint
+  float* ybuf;        // (R, L) for kRawY / kAddY
+  int64_t K;          // checkpoints per row: ceil(L / kCk)
+  int P;              // lanes per row
+  int mode;
+  bool rev;
+};
+
+__device__ __forceinline__ float sel4(const float v[4], int k) {
+  return k == 0 ? v[0] : k == 1 ? v[1] : k == 2 ? v[2] : v[3];
+}
+__device__ __forceinline__ void share4(float mine, int gbase, unsigned mask, float out[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) out[q] = __shfl_sync(mask, mine, gbase + q);
+}
+
+// Per-step scalars (dt, and for the backward sigmoid(dt_raw), silu(z), silu'(z)) are the
+// same for the P lanes of a row: with P >= 4 lane j computes step j % 4 and the group
+// shares it by shuffle, instead of every lane evaluating exp/log1p for every step.
+struct StepScalars {
+  float dt[4], sg[4], gate[4], dgate[4];
+};
+template <bool kBackward>
+__device__ __forceinline__ void step_scalars(const float d4[4], const float z4[4], bool has_z,
+                                             float bias, bool sp, int P, int j, int gbase,
+                                             unsigned mask, StepScalars& o) {
+  auto one = [&](float draw, float zz, float& dt, float& sg, float& gate, float& dgate) {
+    const float x = draw + bias;
+    dt = sp ? softplus(x) : x;
+    if (kBackward) {
+      sg = sp ? sigmoid(x) : 1.f;
+      const float s = sigmoid(zz);
+      gate = has_z ? zz * s : 1.f;
+      dgate = has_z ? s * (1.f + zz * (1.f - s)) : 0.f;
+    }
+  };
+  if (P >= 4) {
+    const int k = j & 3;
+    float dt, sg = 1.f, gate = 1.f, dgate = 0.f;
+    one(sel4(d4, k), has_z ? sel4(z4, k) : 0.f, dt, sg, gate, dgate);
+    share4(dt, gbase, mask, o.dt);
+    if (kBackward) {
+      share4(sg, gbase, mask, o.sg);
+      share4(gate, gbase, mask, o.gate);
+      share4(dgate, gbase, mask, o.dgate);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) one(d4[q], has_z ? z4[q] : 0.f, o.dt[q], o.sg[q], o.gate[q], o.dgate[q]);
+  }
+}
+
+// The lane of a row's group that finalises step k (k < 8) of a tile or chunk.
+__device__ __forceinline__ bool owns(int k, int P, int j) { return (k & (P - 1)) == j; }
+
+template <class T, int NS>
+struct FwdTile {
+  float u[4], d[4], z[4], b[NS][4], c[NS][4];
+};
+
+template <class T, int NS>
+__device__ __forceinline__ void fwd_load(FwdTile<T, NS>& x, const SsProblem& p, int64_t base,
+                                         const BcRef* rb, const BcRef* rc, const bool* nval,
+                                         int64_t s0, int cnt, bool rev, bool vec, bool outputs) {
+  const int64_t L = p.L;
+  load4(static_cast<const T*>(p.u), base, L, s0, cnt, rev, vec, x.u);
+  load4(static_cast<const T*>(p.delta), base, L, s0, cnt, rev, vec, x.d);
+  if (p.z && outputs) load4(static_cast<const T*>(p.z), base, L, s0, cnt, rev, vec, x.z);
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    if (p.groups_b) {
+      load4(static_cast<const T*>(p.B), rb[i].off, L, s0, cnt, rev, vec, x.b[i]);
+      if (!nval[i]) x.b[i][0] = x.b[i][1] = x.b[i][2] = x.b[i][3] = 0.f;
+    } else {
+      x.b[i][0] = x.b[i][1] = x.b[i][2] = x.b[i][3] = rb[i].inv;
+    }
+    if (outputs) {
+      if (p.groups_c) {
+        load4(static_cast<const T*>(p.C), rc[i].off, L, s0, cnt, rev, vec, x.c[i]);
+      } else {
+        x.c[i][0] = x.c[i][1] = x.c[i][2] = x.c[i][3] = rc[i].inv;
+      }
+    }
+  }
+}
+
+template <class T, int NS>
+__global__ void __launch_bounds__(kBlock) fwd_kernel(FwdArgs a) {
+  const SsProblem& p = a.p;
+  const int P = a.P;
+  const int64_t R = p.batch * p.dim, L = p.L, N = p.N;
+  int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / P;
+  const int j = threadIdx.x & (P - 1);
+  const int gbase = (threadIdx.x & 31) & ~(P - 1);
+  const bool live = row < R;
+  if (!live) row = R - 1;  // keeps the lanes converged for the shuffles; stores nothing
+  const int64_t b = row / p.dim, d = row % p.dim, base = row * L;
+  const bool vec = (L & 3) == 0, rev = a.rev, outputs = a.mode != kCheckpoint;
+
+  float a2[NS], h[NS];
+  BcRef rb[NS], rc[NS];
+  bool nval[NS];
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int64_t n = static_cast<int64_t>(j) * NS + i;
+    nval[i] = n < N;
+    a2[i] = nval[i] ? p.A[d * N + n] * kLog2e : 0.f;
+    h[i] = (nval[i] && p.h0) ? p.h0[row * N + n] : 0.f;
+    rb[i] = bc_ref(p.B, p.groups_b, b, d, n, nval[i], p);
+    rc[i] = bc_ref(p.C, p.groups_c, b, d, n, nval[i], p);
+  }
+  const float Dd = p.Dskip ? p.Dskip[d] : 0.f;
+  const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+
+  // Software pipeline: the next tile's loads are in flight while this one is computed.
+  FwdTile<T, NS> cur, nxt;
+  fwd_load<T, NS>(cur, p, base, rb, rc, nval, 0, L < 4 ? static_cast<int>(L) : 4, rev, vec, outputs);
+  for (int64_t s0 = 0; s0 < L; s0 += 4) {
+    const int cnt = L - s0 < 4 ? static_cast<int>(L - s0) : 4;
+    if (s0 + 4 < L) {
+      const int64_t rest = L - s0 - 4;
+      fwd_load<T, NS>(nxt, p, base, rb, rc, nval, s0 + 4, rest < 4 ? static_cast<int>(rest) : 4, rev,
+                      vec, outputs);
+    }
+    if (a.mode == kCheckpoint && (s0 % kCk) == 0 && live) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i)
+        if (nval[i]) a.ckpt[(row * a.K + s0 / kCk) * N + j * NS + i] = h[i];
+    }
+    StepScalars sc;
+    step_scalars<false>(cur.d, cur.z, false, bias, p.softplus, P, j, gbase, kFull, sc);
+    float y4[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      y4[k] = 0.f;
+      if (k < cnt) {
+        const float du = sc.dt[k] * cur.u[k];
+        float y = 0.f;
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          const float dA = fast_exp2(sc.dt[k] * a2[i]);
+          h[i] = fmaf(dA, h[i], du * cur.b[i][k]);
+          if (outputs) y = fmaf(cur.c[i][k], h[i], y);
+        }
+        if (outputs) y4[k] = group_sum(y, P, kFull);
+      }
+    }
+    if (outputs && live) {
+      // Every lane holds the four sums; lane k % P finalises step k.
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (k < cnt && owns(k, P, j)) {
+          const int64_t t = base + tmap(s0 + k, L, rev);
+          if (a.mode == kRawY) {
+            a.ybuf[t] = y4[k];
+          } else {
+            float v = y4[k] + Dd * cur.u[k];
+            if (a.mode == kAddY) v = y4[k] + a.ybuf[t] + 2.f * Dd * cur.u[k];
+            if (p.z) v *= silu(cur.z[k]);
+            Io<T>::st(static_cast<T*>(a.out), t, v);
+          }
+        }
+      }
+    }
+    cur = nxt;
+  }
+  if (a.last && live) {
+#pragma unroll
+    for (int i = 0; i < NS; ++i)
+      if (nval[i]) a.last[row * N + j * NS + i] = h[i];
+  }
+}
+
+struct BwdArgs {
+  SsProblem p;
+  const void* dout;
+  const float* dlast;     // (R, N) cotangent of this direction's last state, or null
+  const float* ckpt;      // (R, K, N)
+  int64_t K;
+  int P, CB;              // lanes per row, rows (channels) per block
+  bool rev;
+  int dir, ndir;          // this direction's slot in the partial buffers
+  // "bidirectional": the first launch (phase 1) parks its du / ddelta / y in float32
+  // buffers, the second (phase 2) adds them and writes the final values.
+  int phase;              // 0: single direction, 1: first of two, 2: second of two
+  float* du_acc;          // (R, L)
+  float* dd_acc;          // (R, L)
+  float* ybuf;            // (R, L)
+  void* du;               // final outputs (phase 0 / 2), in T
+  void* ddelta;
+  void* dz;
+  // Partials (float32), reduced by sum_mid afterwards:
+  float* pdB;             // varying: (batch, D/CB, ndir, N, L); invariant: (batch, ndir, D, N)
+  float* pdC;
+  float* pdA;             // (batch, ndir, D, N)
+  float* pdD;             // (batch, ndir, D)
+  float* pdbias;          // (batch, ndir, D)
+  float* pdh0;            // (ndir, R, N)
+};
+
+template <class T, int NS>
+__global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
+  extern __shared__ float smem[];
+  const SsProblem& p = a.p;
+  const int P = a.P, CB = a.CB, NP = P * NS;
+  const int64_t L = p.L, N = p.N, Dm = p.dim, R = p.batch * Dm;
+  const int64_t nblk = Dm / CB;
+  const int64_t b = blockIdx.x / nblk, cb = blockIdx.x % nblk;
+  const int ch = threadIdx.x / P, j = threadIdx.x & (P - 1);
+  const int64_t d = cb * CB + ch, row = b * Dm + d, base = row * L;
+  const unsigned mask = blockDim.x >= 32 ? kFull : ((1u << blockDim.x) - 1u);
+  const int gbase = (threadIdx.x & 31) & ~(P - 1);
+  const bool vec = (L & 3) == 0, rev = a.rev;
+  const bool varB = p.groups_b != 0, varC = p.groups_c != 0;
+  const T* u = static_cast<const T*>(p.u);
+  const T* de = static_cast<const T*>(p.delta);
+  const T* z = static_cast<const T*>(p.z);
+  const T* dout = static_cast<const T*>(a.dout);
+  const T* Bp = static_cast<const T*>(p.B);
+  const T* Cp = static_cast<const T*>(p.C);
+  float* sB = smem;                       // [kCk][CB][NP]
+  float* sC = smem + kCk * CB * NP;
+
+  float an[NS], a2[NS], g[NS], accA[NS], accB[NS], accC[NS];
+  BcRef rb[NS], rc[NS];
+  bool nval[NS];
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int64_t n = static_cast<int64_t>(j) * NS + i;
+    nval[i] = n < N;
+    an[i] = nval[i] ? p.A[d * N + n] : 0.f;
+    a2[i] = an[i] * kLog2e;
+    g[i] = (nval[i] && a.dlast) ? a.dlast[row * N + n] : 0.f;
+    accA[i] = accB[i] = accC[i] = 0.f;
+    rb[i] = bc_ref(p.B, p.groups_b, b, d, n, nval[i], p);
+    rc[i] = bc_ref(p.C, p.groups_c, b, d, n, nval[i], p);
+  }
+  const float Dd = p.Dskip ? p.Dskip[d] : 0.f;
+  const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+  const float dmult = a.ndir == 2 ? 2.f : 1.f;
+  float accD = 0.f, accBias = 0.f;
+
+  for (int64_t kc = a.K - 1; kc >= 0; --kc) {
+    const int64_t s_begin = kc * kCk;
+    const int cnt = L - s_begin < kCk ? static_cast<int>(L - s_begin) : kCk;
+    float hst[NS], hs[NS];
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      hst[i] = nval[i] ? a.ckpt[(row * a.K + kc) * N + j * NS + i] : 0.f;
+      hs[i] = hst[i];
+    }
+    // Recompute the chunk: states H, exponentials E, per-step scalars, y.
+    float H[kCk][NS], E[kCk][NS], dtv[kCk], uv[kCk], sg[kCk], gt[kCk], dgt[kCk], yv[kCk], gov[kCk];
+#pragma unroll
+    for (int half = 0; half < kCk / 4; ++half) {
+      const int64_t s0 = s_begin + 4 * half;
+      const int c4 = cnt - 4 * half;  // may be <= 0
+      const int cl = c4 < 0 ? 0 : (c4 > 4 ? 4 : c4);
+      float u4[4], d4[4], o4[4], z4[4] = {0.f, 0.f, 0.f, 0.f};
+      load4(u, base, L, s0, cl, rev, vec, u4);
+      load4(de, base, L, s0, cl, rev, vec, d4);
+      load4(dout, base, L, s0, cl, rev, vec, o4);
+      if (z) load4(z, base, L, s0, cl, rev, vec, z4);
+      float bv[NS][4], cv[NS][4];
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        if (varB) {
+          load4(Bp, rb[i].off, L, s0, cl, rev, vec, bv[i]);
+          if (!nval[i]) bv[i][0] = bv[i][1] = bv[i][2] = bv[i][3] = 0.f;
+        } else {
+          bv[i][0] = bv[i][1] = bv[i][2] = bv[i][3] = rb[i].inv;
+        }
+        if (varC) {
+          load4(Cp, rc[i].off, L, s0, cl, rev, vec, cv[i]);
+        } else {
+          cv[i][0] = cv[i][1] = cv[i][2] = cv[i][3] = rc[i].inv;
+        }
+      }
+      StepScalars sc;
+      step_scalars<true>(d4, z4, z != nullptr, bias, p.softplus, P, j, gbase, mask, sc);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int k = 4 * half + q;
+        dtv[k] = sc.dt[q];
+        sg[k] = sc.sg[q];
+        gt[k] = sc.gate[q];
+        dgt[k] = sc.dgate[q];
+        uv[k] = u4[q];
+        gov[k] = o4[q];
+        float y = 0.f;
+        const float du = dtv[k] * uv[k];
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          E[k][i] = fast_exp2(dtv[k] * a2[i]);
+          hs[i] = fmaf(E[k][i], hs[i], du * bv[i][q]);
+          H[k][i] = hs[i];
+          y = fmaf(cv[i][q], hs[i], y);
+        }
+        yv[k] = group_sum(y, P, mask);
+      }
+    }
+    // The adjoint, backwards through the chunk.
+#pragma unroll
+    for (int k = kCk - 1; k >= 0; --k) {
+      if (k < cnt) {
+        const int64_t t = tmap(s_begin + k, L, rev);
+        const float dy = gov[k] * gt[k];
+        float ddt = 0.f, dua = 0.f;
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          float bvi, cvi;
+          if (varB) bvi = nval[i] ? Io<T>::ld(Bp, rb[i].off + t) : 0.f; else bvi = rb[i].inv;
+          if (varC) cvi = nval[i] ? Io<T>::ld(Cp, rc[i].off + t) : 0.f; else cvi = rc[i].inv;
+          const float gi = fmaf(cvi, dy, g[i]);
+          const float hp = k > 0 ? H[k > 0 ? k - 1 : 0][i] : hst[i];
+          const float gdt = gi * dtv[k];
+          const float eh = E[k][i] * hp;
+          const float dBc = gdt * uv[k];
+          const float dCc = dy * H[k][i];
+          ddt = fmaf(gi, fmaf(bvi, uv[k], an[i] * eh), ddt);
+          dua = fmaf(gdt, bvi, dua);
+          accA[i] = fmaf(gdt, eh, accA[i]);
+          g[i] = E[k][i] * gi;
+          if (varB) sB[(k * CB + ch) * NP + j * NS + i] = dBc; else accB[i] += dBc;
+          if (varC) sC[(k * CB + ch) * NP + j * NS + i] = dCc; else accC[i] += dCc;
+        }
+        ddt = group_sum(ddt, P, mask);
+        dua = group_sum(dua, P, mask);
+        if (owns(k, P, j)) {  // every lane holds the sums; lane k % P finalises step k
+          float dd = ddt * sg[k];
+          if (a.phase == 1) {
+            a.du_acc[base + t] = dua;
+            a.dd_acc[base + t] = dd;
+            a.ybuf[base + t] = yv[k];
+          } else {
+            float ytot = yv[k] + Dd * uv[k];
+            if (a.phase == 2) {
+              dua += a.du_acc[base + t];
+              dd += a.dd_acc[base + t];
+              ytot = yv[k] + a.ybuf[base + t] + 2.f * Dd * uv[k];
+            }
+            Io<T>::st(static_cast<T*>(a.du), base + t, fmaf(dmult * Dd, dy, dua));
+            Io<T>::st(static_cast<T*>(a.ddelta), base + t, dd);
+            if (z) Io<T>::st(static_cast<T*>(a.dz), base + t, gov[k] * ytot * dgt[k]);
+            accD = fmaf(dmult * dy, uv[k], accD);
+            accBias += dd;
+          }
+        }
+      }
+    }
+    // Fixed-order reduction of this chunk's dB / dC over the block's channels.
+    if (varB || varC) {
+      __syncthreads();
+      for (int q = threadIdx.x; q < kCk * NP; q += blockDim.x) {
+        const int n = q % NP, k = q / NP;
+        if (k < cnt && n < N) {
+          const int64_t t = tmap(s_begin + k, L, rev);
+          const int64_t o = (((b * nblk + cb) * a.ndir + a.dir) * N + n) * L + t;
+          if (varB) {
+            float s = 0.f;
+            for (int c = 0; c < CB; ++c) s += sB[(k * CB + c) * NP + n];
+            a.pdB[o] = s;
+          }
+          if (varC) {
+            float s = 0.f;
+            for (int c = 0; c < CB; ++c) s += sC[(k * CB + c) * NP + n];
+            a.pdC[o] = s;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  const int64_t pslot = (b * a.ndir + a.dir) * Dm + d;  // (batch, ndir, D)
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    if (!nval[i]) continue;
+    const int64_t n = static_cast<int64_t>(j) * NS + i;
+    a.pdA[pslot * N + n] = accA[i];
+    if (!varB) a.pdB[pslot * N + n] = accB[i];
+    if (!varC) a.pdC[pslot * N + n] = accC[i];
+    if (a.pdh0) a.pdh0[(a.dir * R + row) * N + n] = g[i];
+  }
+  accD = group_sum(accD, P, mask);        // each lane summed its own steps
+  accBias = group_sum(accBias, P, mask);
+  if (j == 0) {
+    if (a.pdD) a.pdD[pslot] = accD;
+    if (a.pdbias) a.pdbias[pslot] = accBias;
+  }
+}
+
+// out[o, i] = sum_{q < Q} in[o, q, i], summed in order q = 0, 1, ... (deterministic).
+static __global__ void sum_mid(const float* __restrict__ in, float* __restrict__ out, int64_t outer,
+                        int64_t Q, int64_t inner) {
+  const int64_t total = outer * inner;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = idx / inner, i = idx % inner;
+    const float* src = in + o * Q * inner + i;
+    float s = 0.f;
+    for (int64_t q = 0; q < Q; ++q) s += src[q * inner];
+    out[idx] = s;
+  }
+}
+
+}  // namespace ssk
+}  // namespace jss

@@ -1,0 +1,169 @@
+// Launch sequences of the selective scan for one activation dtype T (included by the
+// per-dtype files selective_scan_{f32,bf16,f16}.cu).
+#pragma once
+
+#include "selective_scan_kernels.cuh"
+
+namespace jss {
+namespace ssk {
+
+inline char* at(void* scratch, size_t off) { return static_cast<char*>(scratch) + off; }
+
+template <class T, int NS>
+cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
+  const int64_t threads = a.p.batch * a.p.dim * a.P;
+  const int64_t blocks = (threads + kBlock - 1) / kBlock;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  fwd_kernel<T, NS><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t fwd(const FwdArgs& a, int NS, cudaStream_t stream) {
+  switch (NS) {
+    case 1: return launch_fwd<T, 1>(a, stream);
+    case 2: return launch_fwd<T, 2>(a, stream);
+    case 4: return launch_fwd<T, 4>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class T, int NS>
+cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
+  const int64_t blocks = a.p.batch * (a.p.dim / a.CB);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const size_t smem = 2 * sizeof(float) * kCk * a.CB * a.P * NS;
+  bwd_kernel<T, NS><<<static_cast<unsigned>(blocks), a.CB * a.P, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t bwd(const BwdArgs& a, int NS, cudaStream_t stream) {
+  switch (NS) {
+    case 1: return launch_bwd<T, 1>(a, stream);
+    case 2: return launch_bwd<T, 2>(a, stream);
+    case 4: return launch_bwd<T, 4>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+inline cudaError_t reduce(const float* in, float* out, int64_t outer, int64_t Q, int64_t inner,
+                          cudaStream_t stream) {
+  const int64_t total = outer * inner;
+  if (!out || total == 0) return cudaSuccess;
+  int64_t blocks = (total + 255) / 256;
+  if (blocks > 132 * 32) blocks = 132 * 32;
+  sum_mid<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(in, out, outer, Q, inner);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cudaStream_t stream) {
+  const SsPlan plan = ss_plan(p, false);
+  FwdArgs a{};
+  a.p = p;
+  a.out = o.out;
+  a.K = plan.K;
+  a.P = plan.P;
+  if (p.direction != 2) {
+    a.mode = kFinal;
+    a.rev = p.direction == 1;
+    a.last = a.rev ? o.last_rev : o.last_fwd;
+    return fwd<T>(a, plan.NS, stream);
+  }
+  // Bidirectional: the reverse pass parks its y in float32, the forward pass adds it.
+  a.ybuf = reinterpret_cast<float*>(at(scratch, plan.ybuf));
+  a.mode = kRawY;
+  a.rev = true;
+  a.last = o.last_rev;
+  cudaError_t err = fwd<T>(a, plan.NS, stream);
+  if (err != cudaSuccess) return err;
+  a.mode = kAddY;
+  a.rev = false;
+  a.last = o.last_fwd;
+  return fwd<T>(a, plan.NS, stream);
+}
+
+template <class T>
+cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, cudaStream_t stream) {
+  const SsPlan plan = ss_plan(p, true);
+  const int ndir = p.direction == 2 ? 2 : 1;
+  float* ckpt = reinterpret_cast<float*>(at(scratch, plan.ckpt));
+  BwdArgs b{};
+  b.p = p;
+  b.dout = io.dout;
+  b.ckpt = ckpt;
+  b.K = plan.K;
+  b.P = plan.P;
+  b.CB = plan.CB;
+  b.ndir = ndir;
+  b.du = io.du;
+  b.ddelta = io.ddelta;
+  b.dz = io.dz;
+  b.pdB = reinterpret_cast<float*>(at(scratch, plan.pdB));
+  b.pdC = reinterpret_cast<float*>(at(scratch, plan.pdC));
+  b.pdA = reinterpret_cast<float*>(at(scratch, plan.pdA));
+  b.pdD = reinterpret_cast<float*>(at(scratch, plan.pdD));
+  b.pdbias = reinterpret_cast<float*>(at(scratch, plan.pdbias));
+  b.pdh0 = p.h0 ? reinterpret_cast<float*>(at(scratch, plan.pdh0)) : nullptr;
+  if (ndir == 2) {
+    b.du_acc = reinterpret_cast<float*>(at(scratch, plan.du_acc));
+    b.dd_acc = reinterpret_cast<float*>(at(scratch, plan.dd_acc));
+    b.ybuf = reinterpret_cast<float*>(at(scratch, plan.ybuf));
+  }
+  FwdArgs f{};
+  f.p = p;
+  f.mode = kCheckpoint;
+  f.ckpt = ckpt;
+  f.K = plan.K;
+  f.P = plan.P;
+  // One direction at a time: checkpoint sweep, then the adjoint sweep. For
+  // "bidirectional" the reverse direction goes first (phase 1) and the forward one
+  // finishes (phase 2).
+  const int dirs[2] = {p.direction == 2 ? 1 : p.direction, 0};
+  for (int k = 0; k < ndir; ++k) {
+    const bool rev = dirs[k] == 1;
+    f.rev = rev;
+    cudaError_t err = fwd<T>(f, plan.NS, stream);
+    if (err != cudaSuccess) return err;
+    b.rev = rev;
+    b.dir = k;
+    b.phase = ndir == 1 ? 0 : k + 1;
+    b.dlast = rev ? io.dlast_rev : io.dlast_fwd;
+    err = bwd<T>(b, plan.NS, stream);
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t R = p.batch * p.dim, Dm = p.dim, N = p.N, bn = p.batch * ndir;
+  cudaError_t err = reduce(b.pdA, io.dA, 1, bn, Dm * N, stream);
+  if (err == cudaSuccess) {
+    if (p.groups_b)
+      err = reduce(b.pdB, io.dB, p.batch * p.groups_b, (Dm / p.groups_b / plan.CB) * ndir, N * p.L, stream);
+    else
+      err = reduce(b.pdB, io.dB, 1, bn, Dm * N, stream);
+  }
+  if (err == cudaSuccess) {
+    if (p.groups_c)
+      err = reduce(b.pdC, io.dC, p.batch * p.groups_c, (Dm / p.groups_c / plan.CB) * ndir, N * p.L, stream);
+    else
+      err = reduce(b.pdC, io.dC, 1, bn, Dm * N, stream);
+  }
+  if (err == cudaSuccess) err = reduce(b.pdD, io.dD, 1, bn, Dm, stream);
+  if (err == cudaSuccess) err = reduce(b.pdbias, io.ddelta_bias, 1, bn, Dm, stream);
+  if (err == cudaSuccess && b.pdh0) err = reduce(b.pdh0, io.dh0, 1, ndir, R * N, stream);
+  return err;
+}
+
+}  // namespace ssk
+}  // namespace jss
+
+#define JSS_SS_DEFINE(NAME, TYPE)                                                             \
+  namespace jss {                                                                             \
+  cudaError_t ss_forward_##NAME(const SsProblem& p, const SsForwardOut& o, void* scratch,      \
+                                cudaStream_t stream) {                                        \
+    return ssk::forward<TYPE>(p, o, scratch, stream);                                         \
+  }                                                                                           \
+  cudaError_t ss_backward_##NAME(const SsProblem& p, const SsBackwardIO& io, void* scratch,    \
+                                 cudaStream_t stream) {                                       \
+    return ssk::backward<TYPE>(p, io, scratch, stream);                                       \
+  }                                                                                           \
+  }

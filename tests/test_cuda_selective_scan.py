@@ -1,0 +1,334 @@
+"""GPU tests of the fused CUDA selective scan (forward and backward kernels).
+
+Skipped cleanly when JAX sees no GPU or the CUDA extension is not built. References:
+selective_scan_ref evaluated in float64 on the exact (rounded) inputs the kernel sees;
+gradients against the float64 reference's gradients. Tolerances are relative to the
+largest magnitude of the reference (the outputs mix signs, so elementwise relative
+error is meaningless near zero crossings):
+    forward  float32 1e-4, float16 4e-3, bfloat16 2e-2 (the output is rounded to the dtype)
+    gradient float32 1e-3, float16 1e-2, bfloat16 5e-2
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+jax.config.update("jax_enable_x64", True)
+
+
+def _has_gpu() -> bool:
+    try:
+        return any(d.platform == "gpu" for d in jax.devices())
+    except Exception:  # no backend at all
+        return False
+
+
+try:
+    from references import selective_scan_np
+except ImportError:  # tests/ imported as a package
+    from tests.references import selective_scan_np
+
+try:
+    import jax_selscan
+    from jax_selscan import selective_scan, selective_scan_ref, selective_state_update
+    _HAS_EXT = bool(jax_selscan.has_cuda_kernels)
+except Exception:  # pragma: no cover
+    _HAS_EXT = False
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (_HAS_EXT and _has_gpu()), reason="needs a CUDA GPU and jax_selscan._cuda"),
+]
+
+F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
+FWD_TOL = {F32: 1e-4, F16: 4e-3, BF16: 2e-2}
+GRAD_TOL = {F32: 1e-3, F16: 1e-2, BF16: 5e-2}
+DIRECTIONS = ("forward", "reverse", "bidirectional")
+ARGS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")
+
+
+def rng_for(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def make_inputs(rng, batch, dim, length, dstate, *, b_kind="variable", c_kind="variable",
+                groups=2, dtype=F32, D=True, z=True, bias=True, h0=True, softplus=True):
+    """Mamba-like magnitudes; activations in `dtype`, A/D/delta_bias/h0 in float32."""
+    def bc(kind):
+        shape = {"invariant": (dim, dstate), "variable": (batch, dstate, length),
+                 "grouped": (batch, groups, dstate, length)}[kind]
+        return jnp.asarray(rng.standard_normal(shape), dtype if kind != "invariant" else F32)
+    act = lambda a: jnp.asarray(a, dtype)
+    delta = (rng.standard_normal((batch, dim, length)) * 0.5 - 1.0 if softplus
+             else rng.uniform(0.05, 0.6, (batch, dim, length)))
+    x = dict(u=act(rng.standard_normal((batch, dim, length))), delta=act(delta),
+             A=jnp.asarray(-np.exp(rng.standard_normal((dim, dstate)) * 0.5), F32),
+             B=bc(b_kind), C=bc(c_kind),
+             D=jnp.asarray(rng.standard_normal(dim), F32) if D else None,
+             z=act(rng.standard_normal((batch, dim, length))) if z else None,
+             delta_bias=jnp.asarray(rng.uniform(0.0, 0.5, dim), F32) if bias else None,
+             h0=jnp.asarray(rng.standard_normal((batch, dim, dstate)), F32) if h0 else None)
+    return x
+
+
+def to64(x):
+    return {k: (None if v is None else v.astype(jnp.float64)) for k, v in x.items()}
+
+
+def rel_err(got, want):
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    scale = max(np.max(np.abs(want)), 1e-30)
+    return float(np.max(np.abs(got - want)) / scale)
+
+
+def ref_np(x, delta_softplus=False, return_last_state=False, direction="forward"):
+    """The float64 NumPy loop (no compilation), in selective_scan's return convention."""
+    a = {k: (None if v is None else np.asarray(v.astype(jnp.float32), np.float64)) for k, v in x.items()}
+    out, last = selective_scan_np(**a, delta_softplus=delta_softplus, direction=direction)
+    return (out, last) if return_last_state else out
+
+
+def hlo_of(fn, *args):
+    return jax.jit(fn).lower(*args).as_text()
+
+
+# --- forward ---------------------------------------------------------------------------------
+
+OPTION_SETS = [  # (D, z, bias, softplus, h0, return_last_state)
+    (True, True, True, True, True, True),
+    (False, False, False, False, False, False),
+    (True, False, True, False, True, True),
+    (False, True, False, True, False, True),
+]
+
+
+@pytest.mark.parametrize("opts", OPTION_SETS)
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("bc", [("variable", "variable"), ("invariant", "grouped"), ("grouped", "invariant")])
+def test_forward_options(opts, direction, bc):
+    Dk, z, bias, sp, h0, rls = opts
+    x = make_inputs(rng_for("fwd", opts, direction, bc), 2, 8, 37, 16, b_kind=bc[0], c_kind=bc[1],
+                    D=Dk, z=z, bias=bias, h0=h0, softplus=sp)
+    kw = dict(delta_softplus=sp, return_last_state=rls, direction=direction)
+    got = jax.jit(lambda x: selective_scan(**x, **kw))(x)
+    want = ref_np(x, **kw)
+    if rls:
+        (got, glast), (want, wlast) = got, want
+        glast = glast if isinstance(glast, tuple) else (glast,)
+        wlast = wlast if isinstance(wlast, tuple) else (wlast,)
+        for g, w in zip(glast, wlast):
+            assert g.dtype == jnp.float32
+            assert rel_err(g, w) < 1e-4
+    assert got.dtype == F32
+    assert rel_err(got, want) < FWD_TOL[F32]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+@pytest.mark.parametrize("length", [1, 4, 29, 1000])
+@pytest.mark.parametrize("dstate", [1, 5, 16, 64])
+def test_forward_dtypes_lengths_states(dtype, length, dstate):
+    x = make_inputs(rng_for("len", str(dtype), length, dstate), 2, 6, length, dstate, dtype=dtype,
+                    b_kind="grouped", c_kind="variable", groups=3)
+    kw = dict(delta_softplus=True, return_last_state=True)
+    (got, last), (want, wlast) = (jax.jit(lambda x: selective_scan(**x, **kw))(x),
+                                  ref_np(x, **kw))
+    assert got.dtype == dtype
+    assert rel_err(got, want) < FWD_TOL[dtype]
+    assert rel_err(last, wlast) < 1e-4
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64, 5000])
+def test_forward_row_counts(rows):
+    # Few rows pick fewer states per lane (more lanes per row): every geometry is checked.
+    x = make_inputs(rng_for("rows", rows), 1, rows, 64, 16)
+    got = jax.jit(lambda x: selective_scan(**x, delta_softplus=True))(x)
+    want = ref_np(x, delta_softplus=True)
+    assert rel_err(got, want) < FWD_TOL[F32]
+
+
+def test_mixed_dtypes_use_kernel():
+    x = make_inputs(rng_for("mixed"), 2, 8, 40, 16, dtype=BF16)
+    x["delta"] = x["delta"].astype(F32)  # mixed activations: computed in float32
+    got = jax.jit(lambda x: selective_scan(**x, delta_softplus=True))(x)
+    assert got.dtype == BF16
+    assert rel_err(got, ref_np(x, delta_softplus=True)) < FWD_TOL[BF16]
+    assert "jax_selscan_selective_scan_fwd" in hlo_of(lambda x: selective_scan(**x), x)
+
+
+def test_kernel_is_in_the_hlo():
+    x = make_inputs(rng_for("hlo"), 2, 8, 16, 16)
+    # A non-linear loss, so that the forward output is needed (a linear one lets XLA drop it).
+    loss = lambda x: jnp.sum(jnp.sin(selective_scan(**x, delta_softplus=True)))
+    text = hlo_of(jax.grad(loss), x)
+    assert "jax_selscan_selective_scan_fwd" in text
+    assert "jax_selscan_selective_scan_bwd" in text
+
+
+def test_bidirectional_is_forward_plus_reverse():
+    x = make_inputs(rng_for("bidi"), 2, 16, 100, 16)
+    f = jax.jit(lambda x, d: selective_scan(**x, delta_softplus=True, direction=d), static_argnums=1)
+    both = f(x, "bidirectional")
+    assert rel_err(both, f(x, "forward") + f(x, "reverse")) < 1e-5
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_streaming_prefix_then_decode(grouped):
+    L0, steps = 50, 6
+    x = make_inputs(rng_for("stream", grouped), 2, 8, L0 + steps, 16, b_kind="grouped" if grouped else "variable",
+                    c_kind="grouped" if grouped else "variable", h0=False)
+    full = selective_scan(**x, delta_softplus=True)
+    pre = {k: (v[..., :L0] if k in ("u", "delta", "z", "B", "C") else v) for k, v in x.items()}
+    out, state = selective_scan(**pre, delta_softplus=True, return_last_state=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(full[..., :L0]), rtol=1e-5, atol=1e-5)
+    for t in range(L0, L0 + steps):
+        y, state = selective_state_update(state, x["u"][..., t], x["delta"][..., t], x["A"],
+                                          x["B"][..., t], x["C"][..., t], x["D"], x["z"][..., t],
+                                          x["delta_bias"], dt_softplus=True)
+        np.testing.assert_allclose(np.asarray(y), np.asarray(full[..., t]), rtol=1e-4, atol=1e-4)
+
+
+def test_vmap_forward():
+    xs = [make_inputs(rng_for("vmap", i), 2, 8, 33, 16) for i in range(3)]
+    stacked = {k: jnp.stack([x[k] for x in xs]) for k in ARGS}
+    stacked["A"] = xs[0]["A"]                     # shared parameters, batched activations
+    got = jax.jit(jax.vmap(lambda x: selective_scan(**x, delta_softplus=True),
+                           in_axes=({k: (None if k == "A" else 0) for k in ARGS},)))(stacked)
+    for i, x in enumerate(xs):
+        x = dict(x, A=xs[0]["A"])
+        assert rel_err(got[i], ref_np(x, delta_softplus=True)) < FWD_TOL[F32]
+
+
+# --- backward --------------------------------------------------------------------------------
+
+def _grads(fn, x, kw, cot, cot_last=None):
+    def loss(x):
+        res = fn(**x, **kw)
+        if kw.get("return_last_state"):
+            out, last = res
+            last = last if isinstance(last, tuple) else (last,)
+            extra = sum(jnp.sum(l * c) for l, c in zip(last, cot_last))
+        else:
+            out, extra = res, 0.0
+        return jnp.sum(out.astype(cot.dtype) * cot) + extra
+    present = {k: v for k, v in x.items() if v is not None}
+    absent = {k: None for k, v in x.items() if v is None}
+    return jax.grad(lambda p: loss({**p, **absent}))(present)
+
+
+@pytest.mark.parametrize("direction, opts, bc", [
+    (d, o, ("variable", "variable")) for d in DIRECTIONS for o in OPTION_SETS] + [
+    (d, OPTION_SETS[0], bc) for d in DIRECTIONS for bc in (("invariant", "grouped"), ("grouped", "invariant"))])
+def test_gradients_against_reference(direction, opts, bc):
+    Dk, z, bias, sp, h0, rls = opts
+    rng = rng_for("grad", direction, opts, bc)
+    x = make_inputs(rng, 2, 8, 45, 16, b_kind=bc[0], c_kind=bc[1], D=Dk, z=z, bias=bias, h0=h0,
+                    softplus=sp)
+    kw = dict(delta_softplus=sp, return_last_state=rls, direction=direction)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    nl = 2 if direction == "bidirectional" else 1
+    cl = [jnp.asarray(rng.standard_normal((2, 8, 16)), jnp.float64) for _ in range(nl)]
+    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32), [c.astype(F32) for c in cl]))(x)
+    want = _grads(selective_scan_ref, to64(x), kw, cot, cl)
+    for k in got:
+        assert got[k].dtype == x[k].dtype, k
+        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("length", [1, 13, 300])
+def test_gradients_16bit(dtype, length):
+    rng = rng_for("grad16", str(dtype), length)
+    x = make_inputs(rng, 2, 8, length, 16, dtype=dtype, b_kind="grouped", groups=2)
+    kw = dict(delta_softplus=True)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
+    want = _grads(selective_scan_ref, to64(x), kw, cot)
+    for k in got:
+        assert rel_err(got[k], want[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], want[k]))
+
+
+@pytest.mark.parametrize("dstate", [1, 5, 64])
+def test_gradients_state_counts(dstate):
+    rng = rng_for("gradN", dstate)
+    x = make_inputs(rng, 1, 16, 70, dstate)
+    kw = dict(delta_softplus=True, return_last_state=False)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
+    want = _grads(selective_scan_ref, to64(x), kw, cot)
+    for k in got:
+        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+
+
+def test_check_grads_reverse_mode():
+    from jax.test_util import check_grads
+    x = make_inputs(rng_for("check"), 1, 4, 9, 4)
+    args = tuple(x[k] for k in ARGS)
+    f = lambda *a: selective_scan(**dict(zip(ARGS, a)), delta_softplus=True)
+    # float32 kernel: loose numerical-derivative tolerance (eps 1e-3 in float32).
+    check_grads(jax.jit(f), args, order=1, modes=("rev",), atol=5e-2, rtol=5e-2, eps=1e-3)
+
+
+def test_vmap_of_grad_and_grad_of_vmap():
+    xs = [make_inputs(rng_for("vg", i), 2, 8, 21, 16) for i in range(3)]
+    st = {k: jnp.stack([x[k] for x in xs]) for k in ARGS}
+    loss = lambda fn, x: jnp.sum(jnp.sin(fn(**x, delta_softplus=True)))
+    got = jax.jit(jax.vmap(jax.grad(lambda x: loss(selective_scan, x))))(st)
+    for i, x in enumerate(xs):
+        want = jax.grad(lambda x: loss(selective_scan_ref, x))(to64(x))
+        for k in ARGS:
+            assert rel_err(got[k][i], want[k]) < GRAD_TOL[F32], k
+    g2 = jax.jit(jax.grad(lambda s: jnp.sum(jax.vmap(lambda x: loss(selective_scan, x))(s))))(st)
+    for k in ARGS:
+        np.testing.assert_allclose(np.asarray(g2[k]), np.asarray(got[k]), rtol=1e-5, atol=1e-5)
+
+
+# --- determinism -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_bitwise_deterministic_forward_and_backward(direction):
+    runs = int(os.environ.get("JAX_SELSCAN_DETERMINISM_RUNS", "20"))
+    rng = rng_for("det", direction)
+    x = make_inputs(rng, 4, 256, 1024, 16, dtype=BF16)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), F32)
+    kw = dict(delta_softplus=True, direction=direction)
+    fwd = jax.jit(lambda x: selective_scan(**x, **kw))
+    bwd = jax.jit(lambda x: _grads(selective_scan, x, kw, cot))
+    o0, g0 = np.asarray(fwd(x)), jax.tree_util.tree_map(np.asarray, bwd(x))
+    for _ in range(runs):
+        assert np.array_equal(np.asarray(fwd(x)), o0)
+        g = bwd(x)
+        for k in g0:
+            assert np.array_equal(np.asarray(g[k]), g0[k]), k
+
+
+# --- more than 2^31 elements -----------------------------------------------------------------
+
+@pytest.mark.skipif(os.environ.get("JAX_SELSCAN_BIG_TESTS") != "1", reason="set JAX_SELSCAN_BIG_TESTS=1 (needs ~25 GB of GPU memory)")
+def test_more_than_2_31_elements():
+    # Row 1 of u starts past 2^30 elements and ends past 2^31: a strongly decaying state
+    # (dt * A ~ -12) makes the output at the end depend only on the last few steps, so a
+    # float64 reference over the last 64 steps checks the far end of the array.
+    L = (1 << 30) + 37
+    dim, dstate = 2, 4
+    rng = np.random.default_rng(7)
+    key = jax.random.PRNGKey(0)
+    k1, k2 = jax.random.split(key)
+    u = jax.random.normal(k1, (1, dim, L), BF16)
+    delta = jnp.full((1, dim, L), 3.0, BF16)
+    A = jnp.asarray(-4.0 - rng.uniform(0, 1, (dim, dstate)), F32)
+    B = jnp.asarray(rng.standard_normal((dim, dstate)), F32)
+    C = jnp.asarray(rng.standard_normal((dim, dstate)), F32)
+    out = jax.jit(lambda u, d: selective_scan(u, d, A, B, C))(u, delta)
+    tail = slice(L - 64, L)
+    want = selective_scan_ref(u[..., tail].astype(jnp.float64), delta[..., tail].astype(jnp.float64),
+                              A.astype(jnp.float64), B.astype(jnp.float64), C.astype(jnp.float64))
+    got = out[..., tail]
+    assert rel_err(got[..., 8:], want[..., 8:]) < FWD_TOL[BF16]
