@@ -101,14 +101,14 @@ fi
 (cd /tmp && $PY -c "import jax_selscan as j; print('has_cuda_kernels', j.has_cuda_kernels)") || status=1
 has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
 has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider ${PYTEST_ARGS:-}
+has ss_pytest && JAX_SELSCAN_BIG_TESTS=${SS_BIG:-1} JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
+  step ss_pytest ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider ${SS_PYTEST_ARGS:-}
 if has ss_bench; then
   [[ -n "${MAMBA_PID:-}" ]] && { wait $MAMBA_PID; tail -n 5 "$LOGS/mamba_build.log"; }
   MAMBA_ARGS=(); [[ -d /tmp/mamba_build ]] && MAMBA_ARGS=(--mamba-dir /tmp/mamba_build)
   [[ -f benchmarks/gpu_selective_scan.py ]] && TAIL=60 step ss_bench 540 $PY -P benchmarks/gpu_selective_scan.py \
     --out "$OUT" "${MAMBA_ARGS[@]}" ${SS_BENCH_ARGS:-}
 fi
-has ss_pytest && JAX_SELSCAN_BIG_TESTS=1 JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
-  step ss_pytest ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider ${SS_PYTEST_ARGS:-}
 for f in env.txt "$LOGS"/*.log; do
   f=$(basename "$f"); [[ -f "$LOGS/$f" ]] && { echo "##### $f"; cat "$LOGS/$f"; }
 done > "$OUT/stages.log" 2>&1
