@@ -288,9 +288,17 @@ inline void finish_block(const Ctx& c, int64_t t0, int nt, bool to_yr, bool add_
 
 // DA: 0 compute exp, 1 compute and keep in c.dA, 2 read c.dA. NS: N when it is a
 // compile-time constant (state in registers), 0 for any N (state in c.hs).
+// L split: a piece's phase 1 stops tracking dA's running product P (and phase 3's
+// rerun stops) once P <= 2^-30 in every lane and state: the entering state's
+// contribution P * h_in to every later state is then dropped. That is below float32
+// resolution of h_in (2^-24): the error is at most 2^-30 |h_in| in the states, i.e.
+// at most 2^-30 |C| |h_in| in y. (Waiting for P to reach 0 does not work: with
+// dA > 1/2 the product sticks at the smallest subnormal, 2^-149 * dA rounding back.)
+constexpr float kSsCarryDrop = 9.3132257e-10f;  // 2^-30
+
 // Scan-order blocks [bi0, bi1) (-1: all). TRACK (L split, phase 1): also keep dA's
-// running product in c.Ps and return after the first block at whose end it is 0 in
-// every lane and state (the returned index; bi1 when that never happens).
+// running product in c.Ps and return after the first block at whose end it is
+// <= kSsCarryDrop in every lane and state (the returned index; bi1 when that never happens).
 template <int NS, bool BVAR, bool CVAR, int DA, bool TRACK = false>
 int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 0, int64_t bi1 = -1) {
   const int64_t N = NS > 0 ? NS : c.N;
@@ -347,7 +355,8 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
     finish_block(c, t0, nt, to_yr, add_yr);
     if constexpr (TRACK) {
       bool zero = true;
-      for (int64_t n = 0; n < N; ++n) zero = zero && !simd::any_outside(simd::load(c.Ps + n * W), 0.0f, 0.0f);
+      for (int64_t n = 0; n < N; ++n)
+        zero = zero && !simd::any_outside(simd::load(c.Ps + n * W), 0.0f, kSsCarryDrop);
       if (zero) {
         bi1 = bi + 1;
         break;
@@ -383,7 +392,10 @@ void run_piece(const Ctx& c, const SsTask& t) {
           c.Ps[n * W + r] = r < c.nch ? 1.0f : 0.0f;  // idle lanes: already "underflowed"
         }
       const int64_t w = pass<NS, BVAR, CVAR, 0, true>(c, reverse, to_yr, add_yr, u0, u1);
-      if (w < u1) pass<NS, BVAR, CVAR, 0>(c, reverse, to_yr, add_yr, w, u1);
+      if (w < u1) {
+        pass<NS, BVAR, CVAR, 0>(c, reverse, to_yr, add_yr, w, u1);
+        for (int64_t i = 0; i < N * W; ++i) c.Ps[i] = 0.0f;  // the dropped term
+      }
       *t.window = w;
     }
     for (int r = 0; r < c.nch; ++r)
@@ -695,9 +707,10 @@ inline int64_t seg_units(const Seg& g, bool reverse, int64_t u0, int64_t u1, flo
     }
     if (pcum != nullptr) {
       bool zero = true;
-      for (int64_t n = 0; n < g.N; ++n) zero = zero && pcum[n] == 0.0f;
+      for (int64_t n = 0; n < g.N; ++n) zero = zero && std::fabs(pcum[n]) <= kSsCarryDrop;
       if (zero) {
         closed = u + 1;
+        for (int64_t n = 0; n < g.N; ++n) pcum[n] = 0.0f;  // the dropped term
         pcum = nullptr;
       }
     }

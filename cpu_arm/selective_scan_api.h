@@ -48,11 +48,12 @@ struct SsParams {
 // scan units: lanes-step blocks, or along-L chunks; see ss_units). Phase 1 runs
 // the piece from h0 (piece 0) or from zero (others), writes its outputs, and
 // reports the end state `hend` and the product of every dA over the piece `ptot`
-// ([nch][dstate] each; ptot is exactly 0 once the running product underflowed)
-// and in `window` the scan unit before which that happened (the piece's end
-// when it never did). Phase 3 (pieces >= 1) reruns units [piece start, *window)
-// from the true entering state `hin` ([nch][dstate]); every later output was
-// already exact (its missing term was 0 * hin). With bidirectional calls the
+// ([nch][dstate] each; 0 once the running product fell to <= 2^-30 in every lane
+// and state: that term is dropped) and in `window` the scan unit after which that
+// happened (the piece's end when it never did). Phase 3 (pieces >= 1) reruns units
+// [piece start, *window) from the true entering state `hin` ([nch][dstate]); every
+// later output is then exact up to the dropped term, <= 2^-30 |hin| in the state
+// (below float32 resolution of hin). With bidirectional calls the
 // reverse half writes its y (before D and the gate) to `yr` (float, [L][lanes],
 // or [L] on the along-L path) and the forward half adds it.
 struct SsTask {
