@@ -343,6 +343,150 @@ __global__ void __launch_bounds__(kBlock) fwd_kernel(FwdArgs a) {
   }
 }
 
+// Forward, "tiles" layout (N <= 16; round 2, docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md §4;
+// opt-in with JAX_SELSCAN_SS_FWD=tiles: mirrored on CPU but not yet run on a GPU):
+// one warp per row; lane i owns steps 4i..4i+3 of each 128-step tile with every state in
+// registers, so the per-step work (loads, softplus, silu, D u, the store) runs once per
+// element and u/delta/z/out are coalesced 16-byte accesses. Per tile: each lane scans its
+// 4 steps from a zero state (keeping the 4 x 16 exponentials), the 32 chunk aggregates
+// (prod dA, h) are combined by an inclusive warp scan in step order (combine(earlier,
+// later) = (a_l a_e, a_l h_e + h_l)), the state entering each chunk corrects its outputs
+// through the running product of the kept exponentials, and lane 31's inclusive state is
+// the next tile's carry. Steps past L are identities (dt = 0, u = 0).
+constexpr int kTileN = 16;
+
+template <class T>
+__global__ void __launch_bounds__(kBlock) fwd_tile_kernel(FwdArgs a) {
+  const SsProblem& p = a.p;
+  const int64_t R = p.batch * p.dim, L = p.L, N = p.N;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (row >= R) return;  // the whole warp: the row is uniform across it
+  const int64_t b = row / p.dim, d = row % p.dim, base = row * L;
+  const bool vec = (L & 3) == 0, rev = a.rev;
+  const T* u = static_cast<const T*>(p.u);
+  const T* de = static_cast<const T*>(p.delta);
+  const T* z = static_cast<const T*>(p.z);
+  const T* Bp = static_cast<const T*>(p.B);
+  const T* Cp = static_cast<const T*>(p.C);
+  const float* Bi = static_cast<const float*>(p.B);
+  const float* Ci = static_cast<const float*>(p.C);
+  const int64_t boff = p.groups_b ? (b * p.groups_b + d / (p.dim / p.groups_b)) * N * L : d * N;
+  const int64_t coff = p.groups_c ? (b * p.groups_c + d / (p.dim / p.groups_c)) * N * L : d * N;
+  float a2[kTileN], carry[kTileN];
+#pragma unroll
+  for (int n = 0; n < kTileN; ++n) {
+    a2[n] = n < N ? p.A[d * N + n] * kLog2e : 0.f;
+    carry[n] = (n < N && p.h0) ? p.h0[row * N + n] : 0.f;
+  }
+  const float Dd = p.Dskip ? p.Dskip[d] : 0.f;
+  const float bias = p.delta_bias ? p.delta_bias[d] : 0.f;
+
+  auto load_bc = [&](bool varying, const T* X, const float* Xi, int64_t off, int n, int64_t s0,
+                     int cnt, float q[4]) {
+    if (n >= N) {
+      q[0] = q[1] = q[2] = q[3] = 0.f;
+    } else if (varying) {
+      load4(X, off + n * L, L, s0, cnt, rev, vec, q);
+    } else {
+      const float v = __ldg(Xi + off + n);
+      q[0] = q[1] = q[2] = q[3] = v;
+    }
+  };
+
+  for (int64_t st = 0; st < L; st += 128) {
+    const int64_t s0 = st + 4 * lane;
+    const int64_t left = L - s0;
+    const int cnt = left <= 0 ? 0 : (left >= 4 ? 4 : static_cast<int>(left));
+    float u4[4], d4[4], z4[4] = {0.f, 0.f, 0.f, 0.f}, dt[4], du[4], y[4];
+    load4(u, base, L, s0, cnt, rev, vec, u4);
+    load4(de, base, L, s0, cnt, rev, vec, d4);
+    if (z) load4(z, base, L, s0, cnt, rev, vec, z4);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float x = d4[k] + bias;
+      dt[k] = k < cnt ? (p.softplus ? softplus(x) : x) : 0.f;
+      du[k] = dt[k] * u4[k];
+      y[k] = 0.f;
+    }
+    float E[4][kTileN], Pa[kTileN], Ha[kTileN];
+#pragma unroll
+    for (int n = 0; n < kTileN; ++n) {
+      float bq[4], cq[4];
+      load_bc(p.groups_b != 0, Bp, Bi, boff, n, s0, cnt, bq);
+      load_bc(p.groups_c != 0, Cp, Ci, coff, n, s0, cnt, cq);
+      float h = 0.f, pr = 1.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        E[k][n] = fast_exp2(dt[k] * a2[n]);
+        h = fmaf(E[k][n], h, du[k] * bq[k]);
+        pr *= E[k][n];
+        y[k] = fmaf(cq[k], h, y[k]);
+      }
+      Pa[n] = pr;
+      Ha[n] = h;
+    }
+    // Inclusive scan of the chunk aggregates over the lanes, in step order.
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+#pragma unroll
+      for (int n = 0; n < kTileN; ++n) {
+        const float pe = __shfl_up_sync(kFull, Pa[n], off);
+        const float he = __shfl_up_sync(kFull, Ha[n], off);
+        if (lane >= off) {
+          Ha[n] = fmaf(Pa[n], he, Ha[n]);
+          Pa[n] *= pe;
+        }
+      }
+    }
+    // State entering this lane's chunk, the corrections, and the next tile's carry.
+#pragma unroll
+    for (int n = 0; n < kTileN; ++n) {
+      float pe = __shfl_up_sync(kFull, Pa[n], 1);
+      float he = __shfl_up_sync(kFull, Ha[n], 1);
+      if (lane == 0) { pe = 1.f; he = 0.f; }
+      const float s_in = fmaf(pe, carry[n], he);
+      const float p31 = __shfl_sync(kFull, Pa[n], 31);
+      const float h31 = __shfl_sync(kFull, Ha[n], 31);
+      carry[n] = fmaf(p31, carry[n], h31);
+      float cq[4];
+      load_bc(p.groups_c != 0, Cp, Ci, coff, n, s0, cnt, cq);
+      float q = 1.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        q *= E[k][n];
+        y[k] = fmaf(cq[k] * q, s_in, y[k]);
+      }
+    }
+    if (cnt > 0) {
+      float o4[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float v = y[k] + Dd * u4[k];
+        if (a.mode == kRawY) {
+          v = y[k];
+        } else {
+          if (a.mode == kAddY && k < cnt) v = y[k] + a.ybuf[base + tmap(s0 + k, L, rev)] + 2.f * Dd * u4[k];
+          if (z) v *= silu(z4[k]);
+        }
+        o4[k] = v;
+      }
+      if (a.mode == kRawY) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (k < cnt) a.ybuf[base + tmap(s0 + k, L, rev)] = o4[k];
+      } else {
+        store4(static_cast<T*>(a.out), base, L, s0, cnt, rev, vec, o4);
+      }
+    }
+  }
+  if (a.last && lane == 0) {
+#pragma unroll
+    for (int n = 0; n < kTileN; ++n)
+      if (n < N) a.last[row * N + n] = carry[n];
+  }
+}
+
 struct BwdArgs {
   SsProblem p;
   const void* dout;

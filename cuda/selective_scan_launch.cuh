@@ -2,6 +2,9 @@
 // per-dtype files selective_scan_{f32,bf16,f16}.cu).
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 #include "selective_scan_kernels.cuh"
 
 namespace jss {
@@ -18,8 +21,23 @@ cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The forward kernel for a launch: the round-2 "tiles" kernel for N <= 16 when chosen
+// (JAX_SELSCAN_SS_FWD=tiles; under evaluation, see docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md),
+// else the lanes-per-row kernel, which also writes the backward's checkpoints.
+inline bool use_tiles(const FwdArgs& a) {
+  if (a.mode == kCheckpoint || a.p.N > kTileN) return false;
+  const char* e = std::getenv("JAX_SELSCAN_SS_FWD");
+  return e && std::strcmp(e, "tiles") == 0;
+}
+
 template <class T>
 cudaError_t fwd(const FwdArgs& a, int NS, cudaStream_t stream) {
+  if (use_tiles(a)) {
+    const int64_t blocks = (a.p.batch * a.p.dim * 32 + kBlock - 1) / kBlock;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    fwd_tile_kernel<T><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
   switch (NS) {
     case 1: return launch_fwd<T, 1>(a, stream);
     case 2: return launch_fwd<T, 2>(a, stream);

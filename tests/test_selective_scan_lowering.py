@@ -1,0 +1,83 @@
+"""The CUDA lowering of selective_scan, checked without a GPU.
+
+jax can lower a jitted function for the "cuda" platform on a machine without one
+(`.trace(...).lower(lowering_platforms=("cuda",))`), so CI checks which custom calls the
+GPU program would run: the fused forward, the fused backward under grad / vjp / vmap of
+grad, the float32 casts of the non-activation operands, and the pure-JAX fallback where
+the kernels do not apply (float64, N > 128). Skipped when the CUDA extension is not built.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jax_selscan import _ffi, selective_scan
+
+pytestmark = pytest.mark.skipif(not _ffi.HAS_CUDA, reason="jax_selscan._cuda not built")
+
+FWD, BWD = _ffi.SELECTIVE_SCAN_FWD_CUDA, _ffi.SELECTIVE_SCAN_BWD_CUDA
+
+
+def inputs(dtype=jnp.float32, N=16, b=2, D=8, L=12):
+    rng = np.random.default_rng(0)
+    act = lambda s: jnp.asarray(rng.standard_normal(s), dtype)
+    return dict(u=act((b, D, L)), delta=act((b, D, L)),
+                A=jnp.asarray(-np.exp(rng.standard_normal((D, N))), jnp.float32),
+                B=act((b, N, L)), C=act((b, 2, N, L)),
+                D=jnp.asarray(rng.standard_normal(D), jnp.float32), z=act((b, D, L)),
+                delta_bias=jnp.asarray(rng.standard_normal(D), jnp.float32))
+
+
+def cuda_calls(fn, *args):
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return set(re.findall(r"custom_call @(\w+)", text))
+
+
+def scan(x, **kw):
+    return selective_scan(**x, delta_softplus=True, **kw)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_forward_and_grad_use_the_kernels(dtype, direction):
+    x = inputs(dtype)
+    assert FWD in cuda_calls(lambda x: scan(x, direction=direction), x)
+    loss = lambda x: jnp.sum(jnp.sin(scan(x, direction=direction).astype(jnp.float32)))
+    calls = cuda_calls(jax.grad(loss), x)
+    assert {FWD, BWD} <= calls
+
+
+def test_vmap_of_grad_and_last_state_use_the_kernels():
+    x = inputs()
+    stacked = jax.tree_util.tree_map(lambda v: jnp.stack([v, v]), x)
+    loss = lambda x: jnp.sum(jnp.cos(scan(x, return_last_state=True)[1]))
+    assert BWD in cuda_calls(jax.vmap(jax.grad(loss)), stacked)
+
+
+def test_forward_mode_uses_the_pure_jax_jvp():
+    x = inputs()
+    calls = cuda_calls(lambda x, t: jax.jvp(lambda y: scan(y), (x,), (t,)), x, x)
+    assert FWD in calls and BWD not in calls
+
+
+@pytest.mark.parametrize("case", ["float64", "N=129"])
+def test_fallback_where_the_kernels_do_not_apply(case):
+    x = inputs(jnp.float64) if case == "float64" else inputs(N=129)
+    if case == "float64":
+        x = {k: v.astype(jnp.float64) for k, v in x.items()}
+    calls = cuda_calls(lambda x: scan(x), x)
+    assert FWD not in calls
+
+
+def test_geometry_hook():
+    from jax_selscan import _cuda
+    # (states per lane, lanes per row): few rows spread the states over more lanes.
+    assert _cuda.selective_scan_geometry(16, 1 << 20) == (4, 4)
+    assert _cuda.selective_scan_geometry(16, 12288) == (2, 8)
+    assert _cuda.selective_scan_geometry(1, 1 << 20) == (1, 1)
+    assert _cuda.selective_scan_geometry(128, 1 << 20) == (4, 32)
