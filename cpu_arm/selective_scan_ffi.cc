@@ -20,6 +20,10 @@
 #include <mutex>
 #include <string>
 
+#if defined(__linux__)
+#include <sys/mman.h>  // madvise
+#endif
+
 #include "selective_scan_cpu.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -76,6 +80,23 @@ class SsPoolExecutor final : public Executor {
   ffi::ThreadPool& pool_;
   int64_t threads_;
 };
+
+// The output is a fresh XLA buffer on most calls: first-touch page faults cost a
+// large part of a memory-bound call on a VM (see the linear scan's round 5 in
+// docs/PERFORMANCE_CPU.md). Ask for transparent huge pages on its 2 MiB-aligned
+// interior (effective where THP is "madvise"; advisory only, results unchanged).
+void advise_huge_pages_out(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  if (bytes < 2 * kHuge) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
 
 bool ss_type(ffi::DataType t, SsType* out) {
   switch (t) {
@@ -177,6 +198,7 @@ ffi::Error SelectiveScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuf
   std::string error;
   const SsTable* table = select_ss_table(&error);
   if (table == nullptr) return bad(error);
+  advise_huge_pages_out(p.out, out->size_bytes());
   SsPoolExecutor executor(pool);
   selective_scan_cpu(p, *table, executor);
   return ffi::Error::Success();

@@ -1,0 +1,192 @@
+"""Thread scaling of the CPU fused selective scan (forward), with the memory-bandwidth ceiling.
+
+    python benchmarks/cpu_selective_scan_scaling.py [--quick] [--threads 1,2,4,8,16]
+        [--out benchmarks/results/cpu_selective_scan_scaling]
+
+For each thread count k (1, 2, 4, 8, 16 by default, capped at os.cpu_count()) a fresh
+subprocess pins itself to k CPUs (sched_setaffinity, before jax is imported, so XLA's
+intra-op pool has k threads) and sets JAX_SELSCAN_CPU_THREADS=k (the kernel's own cap,
+read on every call). In it:
+  * kernel: jitted selective_scan forward, float32, Mamba-style options (B, C
+    (batch, N, L); D; z; delta_bias + softplus), median of `repeats` after a warm-up;
+  * ceiling: an elementwise pass o = a * b over float32 arrays of the kernel's size,
+    split over k numpy threads (numpy drops the GIL), preallocated output: the
+    bandwidth B_k (bytes read + written / time) those k cores reach; the kernel's
+    bound is then bytes_kernel / B_k, bytes_kernel = u, delta, z, B, C read + out written.
+Prints and writes (JSON + Markdown): time, speedup vs 1 thread, GB/s, fraction of the
+bandwidth bound (1.0 = at the memory ceiling), with date, machine and commit.
+Shapes: (2, 2048, 8192, 16) and (1, 1536, 2048, 16) (--quick: smaller, fewer repeats).
+Budget: about 2-3 minutes on a 16-core host (most of it data generation and jax start-up).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHAPES = [(2, 2048, 8192, 16), (1, 1536, 2048, 16)]
+QUICK_SHAPES = [(1, 512, 2048, 16), (1, 256, 1024, 16)]
+
+
+def child(k, shapes, repeats):
+    """One thread count: returns a list of per-shape dicts (runs in its own process)."""
+    import concurrent.futures as cf
+
+    import numpy as np
+    import jax
+    import jax.numpy as jnp
+
+    from jax_selscan import _ffi
+    from jax_selscan.selective_scan import selective_scan
+    if not _ffi.HAS_CPU:
+        raise SystemExit("the CPU extension is not built")
+
+    def bandwidth(nbytes_target):
+        n = max(1 << 20, nbytes_target // 12)  # o = a * b: 12 bytes per element
+        a = np.full(n, 1.5, np.float32)
+        b = np.full(n, 0.5, np.float32)
+        o = np.empty_like(a)
+        bounds = np.linspace(0, n, k + 1).astype(np.int64)
+
+        def part(i):
+            s, e = bounds[i], bounds[i + 1]
+            np.multiply(a[s:e], b[s:e], out=o[s:e])
+
+        with cf.ThreadPoolExecutor(k) as pool:
+            list(pool.map(part, range(k)))  # warm-up (page faults)
+            ts = []
+            for _ in range(max(3, repeats)):
+                t = time.perf_counter()
+                list(pool.map(part, range(k)))
+                ts.append(time.perf_counter() - t)
+        return 12 * n / statistics.median(ts)
+
+    rows = []
+    for shape in shapes:
+        batch, dim, length, n = shape
+        rng = np.random.default_rng(0)
+
+        def f(*s, scale=1.0, shift=0.0):
+            x = rng.standard_normal(s, dtype=np.float32)
+            x *= scale
+            x += shift
+            return jnp.asarray(x)
+
+        x = dict(u=f(batch, dim, length), delta=f(batch, dim, length, scale=0.5, shift=-1.0),
+                 A=-jnp.exp(f(dim, n, scale=0.5)), B=f(batch, n, length), C=f(batch, n, length),
+                 D=f(dim), z=f(batch, dim, length), delta_bias=f(dim, scale=0.1, shift=0.1))
+        fn = jax.jit(lambda x: selective_scan(**x, delta_softplus=True, direction="forward"))
+        jax.block_until_ready(fn(x))
+        ts = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(fn(x))
+            ts.append(time.perf_counter() - t)
+        t_kernel = statistics.median(ts)
+        nbytes = 4 * (4 * batch * dim * length + 2 * batch * n * length)
+        bw = bandwidth(4 * batch * dim * length * 3)
+        rows.append(dict(shape=dict(batch=batch, D=dim, L=length, N=n), threads=k,
+                         kernel_ms=t_kernel * 1e3, kernel_runs_ms=[t * 1e3 for t in ts],
+                         kernel_bytes=nbytes, kernel_GBps=nbytes / t_kernel / 1e9,
+                         elementwise_GBps=bw / 1e9, bound_ms=nbytes / bw * 1e3,
+                         fraction_of_bound=(nbytes / bw) / t_kernel))
+        del x
+    return rows
+
+
+def lscpu_model():
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def markdown(res):
+    m = res["meta"]
+    out = ["# CPU selective_scan thread scaling (forward, float32)\n",
+           f"- date: {m['date']}\n- machine: {m['machine']}\n- commit: {m['commit']} (jax {m['jax']})\n"
+           f"- command: `{m['command']}`\n- {m['note']}\n",
+           "| batch, D, L, N | threads | kernel ms | speed-up vs 1 | kernel GB/s | elementwise GB/s "
+           "| bandwidth bound ms | of bound |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        s = r["shape"]
+        out.append(f"| {s['batch']}, {s['D']}, {s['L']}, {s['N']} | {r['threads']} | {r['kernel_ms']:.1f} | "
+                   f"{r['speedup_vs_1']:.2f}x | {r['kernel_GBps']:.1f} | {r['elementwise_GBps']:.1f} | "
+                   f"{r['bound_ms']:.1f} | {r['fraction_of_bound']:.2f} |")
+    out.append("\n`of bound` = (kernel bytes / elementwise bandwidth at that thread count) / kernel time: "
+               "1.0 means the kernel moves its bytes as fast as a plain elementwise pass on those cores.")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small shapes, 3 repeats")
+    ap.add_argument("--threads", default="1,2,4,8,16")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_selective_scan_scaling"))
+    ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    repeats = 3 if args.quick else 5
+    if args.child:
+        print(json.dumps(child(args.child, shapes, repeats)))
+        return
+    ncpu = os.cpu_count() or 1
+    counts = sorted({min(int(t), ncpu) for t in args.threads.split(",") if t.strip()})
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(ncpu))
+    rows = []
+    t_start = time.time()
+    for k in counts:
+        env = dict(os.environ, JAX_SELSCAN_CPU_THREADS=str(k))
+        # Pin before the interpreter imports jax: XLA sizes its intra-op pool by the affinity mask.
+        pre = f"import os; os.sched_setaffinity(0, {cpus[:k]!r}); " if hasattr(os, "sched_setaffinity") else ""
+        code = (pre + "import sys, runpy; sys.argv = " + repr([__file__, "--child", str(k)] +
+                                                               (["--quick"] if args.quick else []))
+                + "; runpy.run_path(" + repr(__file__) + ", run_name='__main__')")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"thread count {k} failed:\n{out.stderr[-3000:]}")
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        for r in got:
+            print(f"threads {k:2d}  {r['shape']}  kernel {r['kernel_ms']:.1f} ms  "
+                  f"{r['kernel_GBps']:.1f} GB/s  elementwise {r['elementwise_GBps']:.1f} GB/s  "
+                  f"of bound {r['fraction_of_bound']:.2f}", flush=True)
+        rows += got
+    for r in rows:
+        one = [q for q in rows if q["shape"] == r["shape"] and q["threads"] == counts[0]][0]
+        r["speedup_vs_1"] = one["kernel_ms"] / r["kernel_ms"] * (1 if counts[0] == 1 else float("nan"))
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    import jax
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                machine=f"{lscpu_model()}, {ncpu} logical CPUs ({platform.machine()})",
+                commit=commit + (" (+ local changes)" if dirty else ""), jax=jax.__version__,
+                command=" ".join(["python"] + sys.argv), thread_counts=counts,
+                wall_s=round(time.time() - t_start, 1),
+                note=f"medians of {repeats} runs after a warm-up (compile excluded); one process "
+                     "per thread count, pinned to that many CPUs, JAX_SELSCAN_CPU_THREADS set")
+    res = dict(meta=meta, rows=rows)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(res, f, indent=1)
+    with open(args.out + ".md", "w") as f:
+        f.write(markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
