@@ -685,6 +685,64 @@ inline void seg_tail(const Seg& g, int64_t t_begin, int64_t t_end, bool reverse,
   }
 }
 
+// dstate == 1: no transposes. Each vector of W consecutive steps is scanned in
+// registers (Kogge-Stone over the lanes on the affine pairs (dA, delta u B), log2 W
+// levels of lane shifts), then combined with the state entering it (one fma) and the
+// state leaving it broadcast from the last lane (first in reverse): ~37 vector ops
+// per W steps against ~57 for the transposed chunk with one state.
+template <bool REV, bool TRACK, bool F32>
+inline void seg_chunk_n1(const Seg& g, int64_t ct0) {
+  const SsParams& p = *g.p;
+  const VF a2 = simd::broadcast(g.A2[0]), bias = simd::broadcast(g.bias);
+  const VF bc = simd::broadcast(g.Bc[0]), cc = simd::broadcast(g.Cc[0]), dk = simd::broadcast(g.dk);
+  VF hb = simd::load(g.hb);
+  VF pacc = simd::broadcast(1.0f);
+  // F32: every array this loop touches is float32 (no per-load type switch).
+  auto ld = [&](const void* q, SsType ty, int64_t i) JSS_INLINE_LAMBDA {
+    return F32 ? simd::load(static_cast<const float*>(q) + i) : ldv(q, ty, i);
+  };
+  for (int v = 0; v < W; ++v) {
+    const int64_t t = ct0 + (REV ? W - 1 - v : v) * W;
+    const int64_t off = g.row + t;
+    VF dl = ld(p.delta, p.delta_t, off);
+    if (p.delta_bias != nullptr) dl = simd::add(dl, bias);
+    if (p.delta_softplus) dl = simd::softplus(dl);
+    const VF uv = ld(p.u, p.u_t, off);
+    const VF x = simd::mul(dl, a2);
+    VF P = simd::any_outside(dl, 0.0f, g.dmax) ? simd::exp2_any(x) : simd::exp2_inrange(x);
+    VF H = simd::mul(simd::mul(dl, uv), p.b_var ? ld(p.B, p.B_t, g.bb + t) : bc);
+    scan_level<1, REV>(P, H);
+    scan_level<2, REV>(P, H);
+    scan_level<4, REV>(P, H);
+    scan_level<8, REV>(P, H);
+    const VF h = simd::fma(P, hb, H);
+    hb = REV ? first(h) : last(h);
+    if constexpr (TRACK) pacc = simd::mul(pacc, REV ? first(P) : last(P));
+    VF y = simd::mul(h, p.c_var ? ld(p.C, p.C_t, g.cb + t) : cc);
+    if (g.yr_mode == 1) {
+      simd::store(g.yr + t, y);
+      continue;
+    }
+    if (g.yr_mode == 2) y = simd::add(y, simd::load(g.yr + t));
+    if (p.D != nullptr) y = simd::fma(dk, uv, y);
+    if (p.z != nullptr) y = simd::mul(y, simd::silu(ld(p.z, p.z_t, off)));
+    if (F32) simd::store(static_cast<float*>(p.out) + off, y);
+    else stv(p.out, p.out_t, off, y);
+  }
+  simd::store(g.hb, hb);
+  if constexpr (TRACK) simd::store(g.Ps, pacc);
+}
+
+template <bool REV, bool TRACK>
+inline void seg_chunk_n1_any(const Seg& g, int64_t ct0) {
+  const SsParams& p = *g.p;
+  const bool f32 = p.u_t == SsType::kF32 && p.delta_t == SsType::kF32 && p.out_t == SsType::kF32 &&
+                   (!p.b_var || p.B_t == SsType::kF32) && (!p.c_var || p.C_t == SsType::kF32) &&
+                   (p.z == nullptr || p.z_t == SsType::kF32);
+  if (f32) seg_chunk_n1<REV, TRACK, true>(g, ct0);
+  else seg_chunk_n1<REV, TRACK, false>(g, ct0);
+}
+
 // Units [u0, u1) in scan order (chunks, then the tail) from state h[N] (left at
 // the end state). With pcum (dA's running product, [N]) the return value is the
 // unit after which every pcum[n] was 0 (tracking stops there), else -1.
@@ -694,10 +752,19 @@ inline int64_t seg_units(const Seg& g, bool reverse, int64_t u0, int64_t u1, flo
   for (int64_t u = u0; u < u1; ++u) {
     if (u < g.nchunks) {
       const int64_t ct0 = reverse ? g.L - (u + 1) * g.CH : u * g.CH;
-      seg_chunk_local(g, ct0, reverse);
-      if (reverse) seg_chunk_carries<true>(g, pcum);
-      else seg_chunk_carries<false>(g, pcum);
-      seg_chunk_finish(g, ct0);
+      if (g.N == 1) {
+        if (pcum != nullptr) {
+          reverse ? seg_chunk_n1_any<true, true>(g, ct0) : seg_chunk_n1_any<false, true>(g, ct0);
+          pcum[0] *= g.Ps[0];
+        } else {
+          reverse ? seg_chunk_n1_any<true, false>(g, ct0) : seg_chunk_n1_any<false, false>(g, ct0);
+        }
+      } else {
+        seg_chunk_local(g, ct0, reverse);
+        if (reverse) seg_chunk_carries<true>(g, pcum);
+        else seg_chunk_carries<false>(g, pcum);
+        seg_chunk_finish(g, ct0);
+      }
       if (u + 1 == u1 || u + 1 == g.nchunks)
         for (int64_t n = 0; n < g.N; ++n) h[n] = g.hb[n * W];
     } else if (reverse) {

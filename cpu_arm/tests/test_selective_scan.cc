@@ -308,6 +308,8 @@ int main(int argc, char** argv) {
       // L split with windows that close (fast decay), channel tiles and along-L tasks.
       {1, 32, 16, 2000, 1, 1, true, true, true, true, true, true, F, F, true},
       {1, 1, 4, 3001, 1, 1, true, true, true, true, true, true, F, F, true},
+      {1, 1, 1, 5003, 1, 1, true, true, true, true, true, true, F, F, true},
+      {2, 1, 1, 2500, 1, 1, true, true, true, true, true, true, H, H, true},
   };
   if (!quick) {
     cases.push_back({2, 96, 16, 1023, 1, 1, true, true, true, true, true, true, F, F});
