@@ -57,7 +57,9 @@ from jax_selscan import selective_scan, selective_scan_ref
 SHAPES = [(8, 1536, 2048, 16), (8, 2560, 4096, 16), (1, 5120, 16384, 16), (64, 768, 512, 16)]
 MEMORY_SHAPE = (8, 1536, 2048, 16)
 ARG_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
-IMPLS = ("ours", "mamba", "ref")
+IMPLS = ("ours", "ours_tiles", "mamba", "ref")
+# ours_tiles: the same jitted calls with JAX_SELSCAN_SS_FWD=tiles (the round-2 CUDA forward
+# kernel; the variable is read by the extension at every launch).
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -477,6 +479,17 @@ def bench_shape(shape, dtype_name, opts, ctx, run_deadline):
         try:
             if impl == "ours":
                 outs[impl], grads[impl] = bench_jax_impl(selective_scan, jargs, jg, rec, opts, guard, "ours")
+            elif impl == "ours_tiles":
+                old = os.environ.get("JAX_SELSCAN_SS_FWD")
+                os.environ["JAX_SELSCAN_SS_FWD"] = "tiles"
+                try:
+                    outs[impl], grads[impl] = bench_jax_impl(selective_scan, jargs, jg, rec, opts, guard,
+                                                             "ours_tiles")
+                finally:
+                    if old is None:
+                        os.environ.pop("JAX_SELSCAN_SS_FWD", None)
+                    else:
+                        os.environ["JAX_SELSCAN_SS_FWD"] = old
             elif impl == "ref":
                 outs[impl], grads[impl] = bench_jax_impl(selective_scan_ref, jargs, jg, rec, opts, guard, "ref")
             elif impl == "mamba":
@@ -508,7 +521,7 @@ def bench_shape(shape, dtype_name, opts, ctx, run_deadline):
             f32 = [a.astype(jnp.float32) for a in jargs]
             ref32 = jax.jit(lambda *a: selective_scan_ref(*a, delta_softplus=True))(*f32)
             del f32
-        for impl in ("ours", "mamba", "ref"):
+        for impl in ("ours", "ours_tiles", "mamba", "ref"):
             if ref32 is not None and outs.get(impl) is not None:
                 acc[f"{impl}_vs_ref_f32_fwd"] = rel_err(outs[impl], ref32)
         if outs.get("ours") is not None and outs.get("mamba") is not None:
@@ -523,12 +536,13 @@ def bench_shape(shape, dtype_name, opts, ctx, run_deadline):
         acc["error"] = err_str(e)
         traceback.print_exc()
 
-    ours = entry["impls"].get("ours", {})
-    for other in ("mamba", "ref"):
-        o = entry["impls"].get(other, {})
-        for stage in ("fwd", "fwdbwd"):
-            if ours.get(f"{stage}_s") and o.get(f"{stage}_s"):
-                entry["ratios"][f"ours_vs_{other}_{stage}"] = o[f"{stage}_s"] / ours[f"{stage}_s"]
+    for mine in ("ours", "ours_tiles"):
+        ours = entry["impls"].get(mine, {})
+        for other in ("mamba", "ref"):
+            o = entry["impls"].get(other, {})
+            for stage in ("fwd", "fwdbwd"):
+                if ours.get(f"{stage}_s") and o.get(f"{stage}_s"):
+                    entry["ratios"][f"{mine}_vs_{other}_{stage}"] = o[f"{stage}_s"] / ours[f"{stage}_s"]
     del jargs, jg, outs, grads, nargs, ng
     gc.collect()
     entry["seconds_spent"] = time.perf_counter() - t_start
