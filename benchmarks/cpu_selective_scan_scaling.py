@@ -152,7 +152,9 @@ def main():
         env = dict(os.environ, JAX_SELSCAN_CPU_THREADS=str(k))
         # Pin before the interpreter imports jax: XLA sizes its intra-op pool by the affinity mask.
         pre = f"import os; os.sched_setaffinity(0, {cpus[:k]!r}); " if hasattr(os, "sched_setaffinity") else ""
-        code = (pre + "import sys, runpy; sys.argv = " + repr([__file__, "--child", str(k)] +
+        # sys.path[0] as when running this file (not the cwd: from the repo root the
+        # source tree's jax_selscan, without the built extension, would shadow the installed one).
+        code = (pre + f"import sys, runpy; sys.path[0] = {HERE!r}; sys.argv = " + repr([__file__, "--child", str(k)] +
                                                                (["--quick"] if args.quick else []))
                 + "; runpy.run_path(" + repr(__file__) + ", run_name='__main__')")
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
