@@ -20,6 +20,10 @@
 // silu(z). The two directions' arithmetic is exactly that of two separate
 // calls (same operations in the same order), so the fused result equals
 // forward + reverse computed separately up to the final rounding of the sum.
+//
+// Few channels (at most lanes / 4 per task): the along-L path further down
+// (time in the lanes). Fewer tasks than threads: a task is also run as pieces of
+// its sequence (SsTask::split; run_piece here, the split branch of run_narrow).
 #pragma once
 
 #include <cmath>
