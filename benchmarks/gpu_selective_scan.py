@@ -259,31 +259,27 @@ def torch_bitwise_equal(torch, xs, ys):
 
 # --- the device copy ceiling ------------------------------------------------------------------
 
-def copy_ceiling(mib, reps=20):
-    n = mib * (1 << 20) // 4
-    x = jnp.ones((n,), jnp.float32)
-    f = jax.jit(lambda v: v + 1.0)
+def _median_call_s(f, x, reps):
+    """Median seconds of a synchronised call f(x), after one warm-up call."""
     jax.block_until_ready(f(x))
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
         jax.block_until_ready(f(x))
         ts.append(time.perf_counter() - t0)
-    t = median(ts)
+    return median(ts)
+
+
+def copy_ceiling(mib, reps=20):
+    n = mib * (1 << 20) // 4
+    x = jnp.ones((n,), jnp.float32)
+    t = _median_call_s(jax.jit(lambda v: v + 1.0), x, reps)
     del x
     return dict(GBps=2 * n * 4 / t / 1e9, bytes=2 * n * 4, seconds=t, method="jitted x + 1.0, float32, read + write")
 
 
 def dispatch_overhead_us(reps=50):
-    f = jax.jit(lambda v: v + 1.0)
-    x = jnp.zeros(8)
-    jax.block_until_ready(f(x))
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(x))
-        ts.append(time.perf_counter() - t0)
-    return median(ts) * 1e6
+    return _median_call_s(jax.jit(lambda v: v + 1.0), jnp.zeros(8), reps) * 1e6
 
 
 # --- mamba_ssm (torch) ------------------------------------------------------------------------

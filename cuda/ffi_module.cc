@@ -124,13 +124,8 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& a,
   p.algorithm = static_cast<int>(algorithm);
   if (p.outer == 0 || p.L == 0 || p.inner == 0) return ffi::Error::Success();  // empty
   const size_t bytes = jss::scratch_bytes(t, p);
-  void* buf = nullptr;
-  cudaError_t err = jss::scratch_alloc(stream, bytes, &buf);
-  if (err == cudaSuccess) err = jss::launch_linear_scan(t, p, buf, stream);
-  if (buf) {
-    cudaError_t e2 = cudaFreeAsync(buf, stream);
-    if (err == cudaSuccess) err = e2;
-  }
+  cudaError_t err = jss::with_scratch(
+      stream, bytes, [&](void* buf) { return jss::launch_linear_scan(t, p, buf, stream); });
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string("linear_scan (CUDA): ") + cudaGetErrorString(err));
   return ffi::Error::Success();
@@ -191,6 +186,6 @@ NB_MODULE(_cuda, m) {
     return jss::resolve_algorithm(p);
   });
   m.def("selective_scan_geometry", [](int64_t N, int64_t rows) {
-    return nb::make_tuple(jss::ss_states_per_thread(N, rows, false), jss::ss_lanes_per_row(N, rows, false));
+    return nb::make_tuple(jss::ss_states_per_thread(N, rows), jss::ss_lanes_per_row(N, rows));
   });
 }

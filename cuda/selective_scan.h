@@ -74,8 +74,8 @@ cudaError_t ss_forward(const SsProblem& p, const SsForwardOut& o, void* scratch,
 cudaError_t ss_backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, cudaStream_t stream);
 
 // Test hooks (no GPU needed): states per thread and lanes per channel the launch uses.
-int ss_states_per_thread(int64_t N, int64_t rows, bool backward);
-int ss_lanes_per_row(int64_t N, int64_t rows, bool backward);
+int ss_states_per_thread(int64_t N, int64_t rows);
+int ss_lanes_per_row(int64_t N, int64_t rows);
 
 // Per-dtype entry points (one translation unit each).
 #define JSS_SS_DECLARE(NAME)                                                                  \

@@ -126,14 +126,8 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
   o.out = out->untyped_data();
   o.last_fwd = f32_result(*last_f);
   o.last_rev = f32_result(*last_r);
-  const size_t bytes = jss::ss_forward_scratch_bytes(p);
-  void* buf = nullptr;
-  cudaError_t err = jss::scratch_alloc(stream, bytes, &buf);
-  if (err == cudaSuccess) err = jss::ss_forward(p, o, buf, stream);
-  if (buf) {
-    cudaError_t e2 = cudaFreeAsync(buf, stream);
-    if (err == cudaSuccess) err = e2;
-  }
+  cudaError_t err = jss::with_scratch(stream, jss::ss_forward_scratch_bytes(p),
+                                      [&](void* buf) { return jss::ss_forward(p, o, buf, stream); });
   return check(err, "selective_scan forward (CUDA)");
 }
 
@@ -176,14 +170,8 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
       dA->element_count() != A.element_count() || dB->element_count() != B.element_count() ||
       dC->element_count() != C.element_count())
     return ffi::Error::InvalidArgument("selective_scan backward (CUDA): gradient buffers do not match the operands");
-  const size_t bytes = jss::ss_backward_scratch_bytes(p);
-  void* buf = nullptr;
-  cudaError_t err = jss::scratch_alloc(stream, bytes, &buf);
-  if (err == cudaSuccess) err = jss::ss_backward(p, io, buf, stream);
-  if (buf) {
-    cudaError_t e2 = cudaFreeAsync(buf, stream);
-    if (err == cudaSuccess) err = e2;
-  }
+  cudaError_t err = jss::with_scratch(stream, jss::ss_backward_scratch_bytes(p),
+                                      [&](void* buf) { return jss::ss_backward(p, io, buf, stream); });
   return check(err, "selective_scan backward (CUDA)");
 }
 

@@ -35,13 +35,13 @@ bool ss_supported(const SsProblem& p) {
   return p.N >= 1 && p.N <= 128 && p.batch > 0 && p.dim > 0 && p.L > 0;
 }
 
-int ss_states_per_thread(int64_t N, int64_t rows, bool) {
+int ss_states_per_thread(int64_t N, int64_t rows) {
   int ns, P;
   geometry(N, rows, &ns, &P);
   return ns;
 }
 
-int ss_lanes_per_row(int64_t N, int64_t rows, bool) {
+int ss_lanes_per_row(int64_t N, int64_t rows) {
   int ns, P;
   geometry(N, rows, &ns, &P);
   return P;

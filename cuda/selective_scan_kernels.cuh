@@ -48,7 +48,7 @@ enum Mode : int {
   kCheckpoint = 3,  // states only: ckpt[row, k] = state entering chunk k
 };
 
-template <class T> struct Io;
+template <class H> struct Io;  // float32 here; bfloat16 / float16 below
 template <> struct Io<float> {
   static __device__ __forceinline__ float ld(const float* p, int64_t i) { return __ldg(p + i); }
   static __device__ __forceinline__ void ld4(const float* p, int64_t i, float v[4]) {
@@ -60,36 +60,36 @@ template <> struct Io<float> {
     *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
   }
 };
-template <> struct Io<__nv_bfloat16> {
-  using H = __nv_bfloat16;
-  static __device__ __forceinline__ float ld(const H* p, int64_t i) { return __bfloat162float(__ldg(p + i)); }
-  static __device__ __forceinline__ void ld4(const H* p, int64_t i, float v[4]) {
-    uint2 x = __ldg(reinterpret_cast<const uint2*>(p + i));
-    float2 a = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x.x));
-    float2 b = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x.y));
-    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
-  }
-  static __device__ __forceinline__ void st(H* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
-  static __device__ __forceinline__ void st4(H* p, int64_t i, const float v[4]) {
-    __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
-    uint2 x;
-    x.x = *reinterpret_cast<unsigned*>(&a);
-    x.y = *reinterpret_cast<unsigned*>(&b);
-    *reinterpret_cast<uint2*>(p + i) = x;
-  }
+// The two 16-bit types differ only in their conversions (Cvt16 below); 4 steps are one
+// 8-byte vector of two packed pairs.
+template <class H> struct Cvt16;
+template <> struct Cvt16<__nv_bfloat16> {
+  using H2 = __nv_bfloat162;
+  static __device__ __forceinline__ float up(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ float2 up2(H2 x) { return __bfloat1622float2(x); }
+  static __device__ __forceinline__ __nv_bfloat16 down(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ H2 down2(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
-template <> struct Io<__half> {
-  using H = __half;
-  static __device__ __forceinline__ float ld(const H* p, int64_t i) { return __half2float(__ldg(p + i)); }
+template <> struct Cvt16<__half> {
+  using H2 = __half2;
+  static __device__ __forceinline__ float up(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ float2 up2(H2 x) { return __half22float2(x); }
+  static __device__ __forceinline__ __half down(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ H2 down2(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <class H> struct Io {
+  using C = Cvt16<H>;
+  using H2 = typename C::H2;
+  static __device__ __forceinline__ float ld(const H* p, int64_t i) { return C::up(__ldg(p + i)); }
   static __device__ __forceinline__ void ld4(const H* p, int64_t i, float v[4]) {
     uint2 x = __ldg(reinterpret_cast<const uint2*>(p + i));
-    float2 a = __half22float2(*reinterpret_cast<__half2*>(&x.x));
-    float2 b = __half22float2(*reinterpret_cast<__half2*>(&x.y));
+    float2 a = C::up2(*reinterpret_cast<H2*>(&x.x));
+    float2 b = C::up2(*reinterpret_cast<H2*>(&x.y));
     v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
   }
-  static __device__ __forceinline__ void st(H* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+  static __device__ __forceinline__ void st(H* p, int64_t i, float v) { p[i] = C::down(v); }
   static __device__ __forceinline__ void st4(H* p, int64_t i, const float v[4]) {
-    __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
+    H2 a = C::down2(v[0], v[1]), b = C::down2(v[2], v[3]);
     uint2 x;
     x.x = *reinterpret_cast<unsigned*>(&a);
     x.y = *reinterpret_cast<unsigned*>(&b);

@@ -12,24 +12,14 @@ import jax
 import jax.numpy as jnp
 
 
-def _has_gpu() -> bool:
-    try:
-        return any(d.platform == "gpu" for d in jax.devices())
-    except Exception:  # no backend at all
-        return False
-
+from jax_selscan import linear_scan
 
 try:
-    import jax_selscan
-    from jax_selscan import linear_scan
-    _HAS_EXT = bool(jax_selscan.has_cuda_kernels)
-except Exception:  # pragma: no cover
-    _HAS_EXT = False
+    from gpu_marks import requires_cuda
+except ImportError:  # tests/ imported as a package
+    from tests.gpu_marks import requires_cuda
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (_HAS_EXT and _has_gpu()), reason="needs a CUDA GPU and jax_selscan._cuda"),
-]
+pytestmark = requires_cuda
 
 ALGOS = ("auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp", "lookback_regs", "hillis_steele")
 DTYPES = {

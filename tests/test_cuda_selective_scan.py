@@ -23,29 +23,16 @@ import jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
 
 
-def _has_gpu() -> bool:
-    try:
-        return any(d.platform == "gpu" for d in jax.devices())
-    except Exception:  # no backend at all
-        return False
-
-
 try:
     from references import selective_scan_np
+    from gpu_marks import requires_cuda
 except ImportError:  # tests/ imported as a package
     from tests.references import selective_scan_np
+    from tests.gpu_marks import requires_cuda
 
-try:
-    import jax_selscan
-    from jax_selscan import selective_scan, selective_scan_ref, selective_state_update
-    _HAS_EXT = bool(jax_selscan.has_cuda_kernels)
-except Exception:  # pragma: no cover
-    _HAS_EXT = False
+from jax_selscan import selective_scan, selective_scan_ref, selective_state_update  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (_HAS_EXT and _has_gpu()), reason="needs a CUDA GPU and jax_selscan._cuda"),
-]
+pytestmark = requires_cuda
 
 F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
 FWD_TOL = {F32: 1e-4, F16: 4e-3, BF16: 2e-2}

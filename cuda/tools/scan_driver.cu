@@ -18,15 +18,8 @@
 #include <vector>
 
 #include "linear_scan.h"
+#include "cuda_check.h"
 
-#define CK(x)                                                                           \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                     \
-    }                                                                                   \
-  } while (0)
 
 static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
                                "lookback_regs", "hillis_steele", "row_walk", "strided_walk",

@@ -15,15 +15,8 @@
 #include <vector>
 
 #include "selective_scan.h"
+#include "cuda_check.h"
 
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
 static float urand() {

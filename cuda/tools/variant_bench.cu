@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "scan_kernels.cuh"
+#include "cuda_check.h"
 JSS_DEFINE_DTYPE(f32, float)
 JSS_DEFINE_DTYPE(bf16, __nv_bfloat16)
 namespace jss {  // the other dtypes are not benchmarked here
@@ -25,14 +26,6 @@ cudaError_t launch_c64(const ScanProblem&, void*, cudaStream_t) { return cudaErr
 }  // namespace jss
 
 using namespace jss;
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 template <class T>
 __global__ void fill(T* a, T* b, int64_t n, uint64_t seed) {

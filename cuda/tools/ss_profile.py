@@ -1,0 +1,34 @@
+"""One jitted forward and one forward + backward of the fused selective scan at
+(8, 1536, 2048, 16), float32, for Nsight Compute on the GPU machine. The profile quoted in
+docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md came from (package installed first):
+
+    XLA_PYTHON_CLIENT_PREALLOCATE=false ncu --clock-control none \\
+        -k regex:"fwd_kernel|bwd_kernel" --launch-count 3 --section SpeedOfLight \\
+        --section Occupancy --section WarpStateStats --section LaunchStats \\
+        --section MemoryWorkloadAnalysis python3 cuda/tools/ss_profile.py
+"""
+import jax
+import jax.numpy as jnp
+
+import jax_selscan as js
+
+b, D, L, N = 8, 1536, 2048, 16
+k = jax.random.split(jax.random.PRNGKey(0), 8)
+u = jax.random.normal(k[0], (b, D, L))
+delta = jax.random.normal(k[1], (b, D, L)) * 0.5 - 1.0
+z = jax.random.normal(k[2], (b, D, L))
+B = jax.random.normal(k[3], (b, N, L))
+C = jax.random.normal(k[4], (b, N, L))
+A = -jnp.exp(jax.random.normal(k[5], (D, N)) * 0.5)
+Dskip = jax.random.normal(k[6], (D,))
+bias = jax.random.uniform(k[7], (D,)) * 0.5
+
+
+def f(u, delta, z, B, C):
+    return js.selective_scan(u, delta, A, B, C, D=Dskip, z=z, delta_bias=bias, delta_softplus=True)
+
+
+fwd = jax.jit(f)
+fwd_bwd = jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1)))
+jax.block_until_ready(fwd(u, delta, z, B, C))
+jax.block_until_ready(fwd_bwd(u, delta, z, B, C))
