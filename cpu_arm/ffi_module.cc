@@ -205,6 +205,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanLinearScanProd, jax_selscan::LinearScanP
 
 // selective_scan (selective_scan_ffi.cc)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxSelscanSelectiveScan);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxSelscanSelectiveScanBwd);
 
 NB_MODULE(_cpu, m) {
   m.doc() = "jax_selscan CPU kernels (XLA FFI handlers)";
@@ -214,6 +215,8 @@ NB_MODULE(_cpu, m) {
     d["jax_selscan_linear_scan_prod"] =
         nb::capsule(reinterpret_cast<void*>(JaxSelscanLinearScanProd));
     d["jax_selscan_selective_scan"] = nb::capsule(reinterpret_cast<void*>(JaxSelscanSelectiveScan));
+    d["jax_selscan_selective_scan_bwd_cpu"] =
+        nb::capsule(reinterpret_cast<void*>(JaxSelscanSelectiveScanBwd));
     return d;
   });
   m.def("isa", [] {

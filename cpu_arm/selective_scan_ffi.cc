@@ -10,6 +10,14 @@
 //            2 bidirectional), has_D, has_z, has_delta_bias, has_h0 (bool)
 //   dtypes: float32, bfloat16, float16 for every array (mixed allowed); float32 state.
 //
+//   jax_selscan_selective_scan_bwd_cpu
+//     args:  the nine above, then dout (u's shape, float32/bfloat16/float16),
+//            dlast_fwd, dlast_rev ((batch, D, N) float32, or zero-size: zero)
+//     rets:  du, ddelta, dz, dA, dB, dC, dD, ddelta_bias, dh0, all float32 in the
+//            operands' shapes (absent operands: zero-size placeholders)
+//     attrs: as the forward. Gradients summed over channels / batch / time are
+//            reduced in a fixed order (bitwise independent of the thread count).
+//
 // Threads: XLA's intra-op pool (the calling thread plus at most
 // num_threads - 1 pool tasks); JAX_SELSCAN_CPU_THREADS=k (read on every call)
 // caps that at k (for scaling measurements; 0 or unset: no cap).
@@ -24,6 +32,7 @@
 #include <sys/mman.h>  // madvise
 #endif
 
+#include "selective_scan_bwd_cpu.h"
 #include "selective_scan_cpu.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -122,23 +131,20 @@ bool dims_are(const ffi::AnyBuffer& x, std::initializer_list<int64_t> want) {
   return true;
 }
 
-ffi::Error SelectiveScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuffer delta,
-                             ffi::AnyBuffer A, ffi::AnyBuffer B, ffi::AnyBuffer C,
-                             ffi::AnyBuffer D, ffi::AnyBuffer z, ffi::AnyBuffer delta_bias,
-                             ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
-                             ffi::Result<ffi::AnyBuffer> last_fwd,
-                             ffi::Result<ffi::AnyBuffer> last_rev, bool delta_softplus,
-                             int64_t direction, bool has_D, bool has_z, bool has_delta_bias,
-                             bool has_h0) {
-  const std::string where = "jax_selscan selective_scan (CPU): ";
-  auto bad = [&](const std::string& m) { return ffi::Error::InvalidArgument(where + m); };
+// The forward's inputs and options as SsParams (out / last_* left null); an error
+// message, or "" when they are valid.
+std::string parse_inputs(const ffi::AnyBuffer& u, const ffi::AnyBuffer& delta, const ffi::AnyBuffer& A,
+                         const ffi::AnyBuffer& B, const ffi::AnyBuffer& C, const ffi::AnyBuffer& D,
+                         const ffi::AnyBuffer& z, const ffi::AnyBuffer& delta_bias,
+                         const ffi::AnyBuffer& h0, bool delta_softplus, int64_t direction, bool has_D,
+                         bool has_z, bool has_delta_bias, bool has_h0, SsParams& p) {
+  auto bad = [](const std::string& m) { return m; };
   if (u.dimensions().size() != 3) return bad("u must be (batch, D, L)");
   const int64_t batch = u.dimensions()[0], dim = u.dimensions()[1], length = u.dimensions()[2];
   if (A.dimensions().size() != 2 || A.dimensions()[0] != dim) return bad("A must be (D, N)");
   const int64_t dstate = A.dimensions()[1];
   if (direction < 0 || direction > 2) return bad("direction must be 0, 1 or 2");
-
-  SsParams p{};
+  p = SsParams{};
   struct In { const ffi::AnyBuffer* buf; bool present; const void** ptr; SsType* type; const char* name; };
   In ins[] = {{&u, true, &p.u, &p.u_t, "u"},
               {&delta, true, &p.delta, &p.delta_t, "delta"},
@@ -157,13 +163,11 @@ ffi::Error SelectiveScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuf
       return bad(std::string(in.name) + ": unsupported dtype (float32, bfloat16, float16)");
     *in.ptr = in.buf->untyped_data();
   }
-  if (!ss_type(out->element_type(), &p.out_t)) return bad("out: unsupported dtype");
   if (!dims_are(delta, {batch, dim, length})) return bad("delta must have u's shape");
   if (has_z && !dims_are(z, {batch, dim, length})) return bad("z must have u's shape");
   if (has_D && !dims_are(D, {dim})) return bad("D must be (D,)");
   if (has_delta_bias && !dims_are(delta_bias, {dim})) return bad("delta_bias must be (D,)");
   if (has_h0 && !dims_are(h0, {batch, dim, dstate})) return bad("h0 must be (batch, D, N)");
-  if (!dims_are(*out, {batch, dim, length})) return bad("out must have u's shape");
   auto bc = [&](const ffi::AnyBuffer& x, bool* var, int64_t* groups, const char* name) -> std::string {
     *groups = 1;
     auto d = x.dimensions();
@@ -186,6 +190,27 @@ ffi::Error SelectiveScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuf
   p.dim = dim;
   p.dstate = dstate;
   p.length = length;
+  return "";
+}
+
+ffi::Error SelectiveScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuffer delta,
+                             ffi::AnyBuffer A, ffi::AnyBuffer B, ffi::AnyBuffer C,
+                             ffi::AnyBuffer D, ffi::AnyBuffer z, ffi::AnyBuffer delta_bias,
+                             ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
+                             ffi::Result<ffi::AnyBuffer> last_fwd,
+                             ffi::Result<ffi::AnyBuffer> last_rev, bool delta_softplus,
+                             int64_t direction, bool has_D, bool has_z, bool has_delta_bias,
+                             bool has_h0) {
+  const std::string where = "jax_selscan selective_scan (CPU): ";
+  auto bad = [&](const std::string& m) { return ffi::Error::InvalidArgument(where + m); };
+  SsParams p;
+  if (std::string e = parse_inputs(u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus, direction, has_D,
+                                   has_z, has_delta_bias, has_h0, p);
+      !e.empty())
+    return bad(e);
+  const int64_t batch = p.batch, dim = p.dim, dstate = p.dstate, length = p.length;
+  if (!ss_type(out->element_type(), &p.out_t)) return bad("out: unsupported dtype");
+  if (!dims_are(*out, {batch, dim, length})) return bad("out must have u's shape");
   p.out = out->untyped_data();
   p.last_fwd = nullptr;
   p.last_rev = nullptr;
@@ -201,6 +226,62 @@ ffi::Error SelectiveScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuf
   advise_huge_pages_out(p.out, out->size_bytes());
   SsPoolExecutor executor(pool);
   selective_scan_cpu(p, *table, executor);
+  return ffi::Error::Success();
+}
+
+ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuffer delta,
+                                ffi::AnyBuffer A, ffi::AnyBuffer B, ffi::AnyBuffer C,
+                                ffi::AnyBuffer D, ffi::AnyBuffer z, ffi::AnyBuffer delta_bias,
+                                ffi::AnyBuffer h0, ffi::AnyBuffer dout, ffi::AnyBuffer dlast_fwd,
+                                ffi::AnyBuffer dlast_rev, ffi::Result<ffi::AnyBuffer> du,
+                                ffi::Result<ffi::AnyBuffer> ddelta, ffi::Result<ffi::AnyBuffer> dz,
+                                ffi::Result<ffi::AnyBuffer> dA, ffi::Result<ffi::AnyBuffer> dB,
+                                ffi::Result<ffi::AnyBuffer> dC, ffi::Result<ffi::AnyBuffer> dD,
+                                ffi::Result<ffi::AnyBuffer> ddelta_bias, ffi::Result<ffi::AnyBuffer> dh0,
+                                bool delta_softplus, int64_t direction, bool has_D, bool has_z,
+                                bool has_delta_bias, bool has_h0) {
+  const std::string where = "jax_selscan selective_scan backward (CPU): ";
+  auto bad = [&](const std::string& m) { return ffi::Error::InvalidArgument(where + m); };
+  SsBwdParams q{};
+  SsParams& p = q.fwd;
+  if (std::string e = parse_inputs(u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus, direction, has_D,
+                                   has_z, has_delta_bias, has_h0, p);
+      !e.empty())
+    return bad(e);
+  const int64_t batch = p.batch, dim = p.dim, dstate = p.dstate, length = p.length;
+  if (!ss_type(dout.element_type(), &q.dout_t) || !dims_are(dout, {batch, dim, length}))
+    return bad("dout must have u's shape (float32, bfloat16 or float16)");
+  q.dout = dout.untyped_data();
+  for (auto [buf, dst] : {std::pair{&dlast_fwd, &q.dlast_fwd}, std::pair{&dlast_rev, &q.dlast_rev}}) {
+    *dst = nullptr;
+    if (numel(*buf) == 0) continue;
+    if (buf->element_type() != ffi::F32 || !dims_are(*buf, {batch, dim, dstate}))
+      return bad("last-state cotangents must be float32 (batch, D, N) or zero-size");
+    *dst = static_cast<const float*>(buf->untyped_data());
+  }
+  // Gradient buffers: float32, the operand's element count (null when absent).
+  struct Out { ffi::AnyBuffer* res; bool present; const ffi::AnyBuffer* like; float** dst; const char* name; };
+  Out outs[] = {{&*du, true, &u, &q.du, "du"},
+                {&*ddelta, true, &delta, &q.ddelta, "ddelta"},
+                {&*dz, has_z, &z, &q.dz, "dz"},
+                {&*dA, true, &A, &q.dA, "dA"},
+                {&*dB, true, &B, &q.dB, "dB"},
+                {&*dC, true, &C, &q.dC, "dC"},
+                {&*dD, has_D, &D, &q.dD, "dD"},
+                {&*ddelta_bias, has_delta_bias, &delta_bias, &q.ddelta_bias, "ddelta_bias"},
+                {&*dh0, has_h0, &h0, &q.dh0, "dh0"}};
+  for (Out& o : outs) {
+    *o.dst = nullptr;
+    if (!o.present) continue;
+    if (o.res->element_type() != ffi::F32 || numel(*o.res) != numel(*o.like))
+      return bad(std::string(o.name) + " must be float32 with its operand's shape");
+    *o.dst = static_cast<float*>(o.res->untyped_data());
+  }
+  std::string error;
+  const SsBwdTable* table = select_ss_bwd_table(&error);
+  if (table == nullptr) return bad(error);
+  SsPoolExecutor executor(pool);
+  selective_scan_bwd_cpu(q, *table, executor);
   return ffi::Error::Success();
 }
 
@@ -222,6 +303,37 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScan, jax_selscan::SelectiveSca
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<ffi::AnyBuffer>()  // last_fwd
                                   .Ret<ffi::AnyBuffer>()  // last_rev
+                                  .Attr<bool>("delta_softplus")
+                                  .Attr<int64_t>("direction")
+                                  .Attr<bool>("has_D")
+                                  .Attr<bool>("has_z")
+                                  .Attr<bool>("has_delta_bias")
+                                  .Attr<bool>("has_h0"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScanBwd, jax_selscan::SelectiveScanBwdImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // u
+                                  .Arg<ffi::AnyBuffer>()  // delta
+                                  .Arg<ffi::AnyBuffer>()  // A
+                                  .Arg<ffi::AnyBuffer>()  // B
+                                  .Arg<ffi::AnyBuffer>()  // C
+                                  .Arg<ffi::AnyBuffer>()  // D
+                                  .Arg<ffi::AnyBuffer>()  // z
+                                  .Arg<ffi::AnyBuffer>()  // delta_bias
+                                  .Arg<ffi::AnyBuffer>()  // h0
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // dlast_fwd
+                                  .Arg<ffi::AnyBuffer>()  // dlast_rev
+                                  .Ret<ffi::AnyBuffer>()  // du
+                                  .Ret<ffi::AnyBuffer>()  // ddelta
+                                  .Ret<ffi::AnyBuffer>()  // dz
+                                  .Ret<ffi::AnyBuffer>()  // dA
+                                  .Ret<ffi::AnyBuffer>()  // dB
+                                  .Ret<ffi::AnyBuffer>()  // dC
+                                  .Ret<ffi::AnyBuffer>()  // dD
+                                  .Ret<ffi::AnyBuffer>()  // ddelta_bias
+                                  .Ret<ffi::AnyBuffer>()  // dh0
                                   .Attr<bool>("delta_softplus")
                                   .Attr<int64_t>("direction")
                                   .Attr<bool>("has_D")

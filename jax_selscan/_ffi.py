@@ -11,6 +11,7 @@ import jax
 LINEAR_SCAN = "jax_selscan_linear_scan"
 LINEAR_SCAN_PROD = "jax_selscan_linear_scan_prod"
 SELECTIVE_SCAN = "jax_selscan_selective_scan"            # CPU (forward)
+SELECTIVE_SCAN_BWD = "jax_selscan_selective_scan_bwd_cpu"  # CPU (backward)
 SELECTIVE_SCAN_FWD_CUDA = "jax_selscan_selective_scan_fwd"
 SELECTIVE_SCAN_BWD_CUDA = "jax_selscan_selective_scan_bwd"
 

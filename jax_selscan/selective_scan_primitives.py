@@ -8,7 +8,8 @@ Three primitives, all with the same nine operands and the same static parameters
   transposed (reverse mode) into ``selective_scan_bwd_p``.
 * ``selective_scan_bwd_p``: the vector-Jacobian product (nine primals, the cotangents
   of out, last_fwd, last_rev) -> the nine gradients. The fused CUDA backward kernel on
-  GPU (cuda/selective_scan_kernels.cuh); elsewhere the pure-JAX VJP.
+  GPU (cuda/selective_scan_kernels.cuh), the fused CPU backward kernel on CPU
+  (cpu_arm/selective_scan_bwd.h); elsewhere (float64, no kernel) the pure-JAX VJP.
 
 selective_scan.py wraps the forward in a jax.custom_jvp whose rule binds
 ``selective_scan_lin_p``, so jvp, grad, vjp, jit and vmap all work and reverse mode
@@ -464,9 +465,69 @@ def _ss_bwd_cuda_rule(ctx, *ops, **params):
     return _ss_bwd_cuda_lowering(ctx, *ops, **params)
 
 
+# --- CPU lowering of the backward: the fused kernel (cpu_arm/selective_scan_bwd.h) ---------
+#
+# The FFI target takes the nine operands as they are (float32 / bfloat16 / float16,
+# mixed), ct_out in u's dtype and the last states' cotangents in float32, and returns
+# every gradient in float32 (cast here to the operand's dtype).
+
+def _ss_bwd_cpu(*ops, **params):
+    has = _has(params)
+    u, delta, A, B, C, D, z, bias, h0 = ops[:9]
+    ct_out, ct_f, ct_r = ops[9:]
+    f32 = jnp.float32
+    S = jax.ShapeDtypeStruct
+    ph = S((0,), f32)
+    types = [S(u.shape, f32), S(delta.shape, f32), S(z.shape, f32) if has[1] else ph,
+             S(A.shape, f32), S(B.shape, f32), S(C.shape, f32),
+             S(D.shape, f32) if has[0] else ph, S(bias.shape, f32) if has[2] else ph,
+             S(h0.shape, f32) if has[3] else ph]
+    du, dd, dz, dA, dB, dC, dD, db, dh0 = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_BWD, types)(
+        *ops[:9], ct_out.astype(u.dtype), ct_f.astype(f32), ct_r.astype(f32), **_attrs(params))
+    grads = [du, dd, dA, dB, dC, dD, dz, db, dh0]
+    present = (True,) * 5 + has
+    return [g.astype(x.dtype) if p else jnp.zeros((0,), f32)
+            for g, x, p in zip(grads, ops[:9], present)]
+
+
+_ss_bwd_cpu_lowering = mlir.lower_fun(_ss_bwd_cpu, multiple_results=True)
+
+
+def _ss_bwd_cpu_supports(avals, has):
+    return _ss_kernel_supports(avals[:9], has) and np.dtype(avals[9].dtype) in _SS_KERNEL_DTYPES
+
+
+def _ss_bwd_cpu_rule(ctx, *ops, **params):
+    if not _ss_bwd_cpu_supports(ctx.avals_in, _has(params)):
+        return _ss_bwd_fallback_rule(ctx, *ops, **params)
+    return _ss_bwd_cpu_lowering(ctx, *ops, **params)
+
+
+@functools.lru_cache(maxsize=None)
+def _ss_bwd_jitted(**params):
+    return jax.jit(lambda *ops: selective_scan_bwd_p.bind(*ops, **params))
+
+
+def _on_cpu(x):
+    try:
+        return all(d.platform == "cpu" for d in x.devices())
+    except AttributeError:  # a tracer or a plain numpy array: the default backend
+        return jax.default_backend() == "cpu"
+
+
+def _ss_bwd_impl(*ops, **params):
+    # Eager reverse mode (jax.grad without jit) on CPU runs the fused kernel through a
+    # jitted bind, like the forward's impl; elsewhere the pure-JAX VJP op by op.
+    if _ffi.HAS_CPU and _on_cpu(ops[0]) and _ss_bwd_cpu_supports(ops, _has(params)):
+        return _ss_bwd_jitted(**params)(*ops)
+    return _ss_bwd_jax(*ops, **params)
+
+
 selective_scan_bwd_p.def_abstract_eval(_ss_bwd_abstract_eval)
-selective_scan_bwd_p.def_impl(_ss_bwd_jax)
+selective_scan_bwd_p.def_impl(_ss_bwd_impl)
 mlir.register_lowering(selective_scan_bwd_p, _ss_bwd_fallback_rule)
+if _ffi.HAS_CPU:
+    mlir.register_lowering(selective_scan_bwd_p, _ss_bwd_cpu_rule, platform="cpu")
 if _ffi.HAS_CUDA:
     mlir.register_lowering(selective_scan_bwd_p, _ss_bwd_cuda_rule, platform="cuda")
 batching.primitive_batchers[selective_scan_bwd_p] = _fold_batcher(

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the selective-scan C++ tests (test_selective_scan, test_exp2_ulp)
+# Builds and runs the selective-scan C++ tests (test_selective_scan: forward and
+# backward; test_exp2_ulp)
 # with plain compiler commands, natively or, with --arm, cross-compiled for
 # aarch64 and run under qemu-user (needs g++-aarch64-linux-gnu and qemu-user).
 #   cpu_arm/tests/build_selective_tests.sh          x86-64: AVX-512, AVX2, generic (each forced in turn)
@@ -29,14 +30,15 @@ isa() {  # name, extra flags...
   "$CXX" "${flags[@]}" "$@" -DJSS_ISA_NAME="$name" -c "$src/kernels_isa.cc" -o "$out/k_$name.o" &
   "$CXX" "${flags[@]}" "$@" -DJSS_ISA_NAME="$name" -c "$src/selective_scan_isa.cc" -o "$out/ss_$name.o" &
   wait
-  objs+=("$out/k_$name.o" "$out/ss_$name.o")
+  "$CXX" "${flags[@]}" "$@" -DJSS_ISA_NAME="$name" -c "$src/selective_scan_bwd_isa.cc" -o "$out/ssb_$name.o"
+  objs+=("$out/k_$name.o" "$out/ss_$name.o" "$out/ssb_$name.o")
 }
 isa generic -DJSS_SIMD_GENERIC
 case "$("$CXX" -dumpmachine)" in
   x86_64*) isa avx2 -mavx2 -mfma -mf16c; isa avx512 -mavx512f -mavx2 -mfma -mf16c ;;
   aarch64*) isa neon ;;
 esac
-core=("$src/driver.cc" "$src/dispatch.cc" "$src/selective_scan_cpu.cc")
+core=("$src/driver.cc" "$src/dispatch.cc" "$src/selective_scan_cpu.cc" "$src/selective_scan_bwd_cpu.cc")
 "$CXX" "${flags[@]}" -pthread "$here/test_selective_scan.cc" "${core[@]}" "${objs[@]}" -o "$out/test_selective_scan"
 "$CXX" "${flags[@]}" -pthread "$here/test_exp2_ulp.cc" "${core[@]}" "${objs[@]}" -o "$out/test_exp2_ulp"
 if [[ $arm == 1 ]]; then

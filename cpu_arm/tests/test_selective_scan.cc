@@ -4,7 +4,10 @@
 // states, invariant / variable / grouped B and C with different groups), odd
 // lengths and channel counts, float32 / bfloat16 / float16 storage, the three
 // directions; the fused bidirectional result against forward + reverse of
-// separate calls; threads (results must be bit-identical to one thread).
+// separate calls; threads (results must be bit-identical to one thread). The
+// backward (selective_scan_bwd_cpu): every gradient against a float64 adjoint
+// (itself checked against central differences), every case and direction,
+// bit-identical on 1, 3 and 4 threads.
 //
 //   ./test_selective_scan           all cases
 //   ./test_selective_scan --quick   fewer / smaller cases (for emulators)
@@ -21,6 +24,7 @@
 #include "../dtypes.h"
 #include "test_util.h"
 #include "../selective_scan_cpu.h"
+#include "../selective_scan_bwd_cpu.h"
 
 using namespace jax_selscan;
 
@@ -274,6 +278,249 @@ void run_case(const Case& c, const SsTable& table, uint32_t seed) {
   }
 }
 
+
+// ---- backward ----------------------------------------------------------------------------
+
+// Cotangents: dout (batch, D, L) in the io type, the last states' (batch, D, N) float32.
+struct Cot {
+  Arr dout;
+  std::vector<float> dlf, dlr;
+};
+
+Cot make_cot(const Case& c, uint32_t seed) {
+  std::mt19937 g(seed * 7919u + 17u);
+  Cot k;
+  k.dout = make(g, c.batch * c.dim * c.L, c.io, 1.0, 0.0);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (auto* v : {&k.dlf, &k.dlr}) {
+    v->resize(c.batch * c.dim * c.N);
+    for (auto& e : *v) e = static_cast<float>(nd(g));
+  }
+  return k;
+}
+
+// Gradients in float64 (or float32 from the kernel, widened), named like the operands.
+struct Grads {
+  std::vector<double> u, delta, z, A, B, C, D, bias, h0;
+};
+
+double softplus_d(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// The float64 backward of sum(out * dout) + sum(last_f * dlf) + sum(last_r * dlr): for
+// each (b, d) and direction the states are kept, then the adjoint runs backwards.
+Grads reference_bwd(const Case& c, const Inputs& x, const Cot& k, SsDirection dir) {
+  Grads gr;
+  const size_t bdl = c.batch * c.dim * c.L;
+  gr.u.assign(bdl, 0); gr.delta.assign(bdl, 0); gr.z.assign(c.z ? bdl : 0, 0);
+  gr.A.assign(c.dim * c.N, 0);
+  gr.B.assign(x.B.v.size(), 0); gr.C.assign(x.C.v.size(), 0);
+  gr.D.assign(c.D ? c.dim : 0, 0); gr.bias.assign(c.bias ? c.dim : 0, 0);
+  gr.h0.assign(c.h0 ? c.batch * c.dim * c.N : 0, 0);
+  const double kD = dir == SsDirection::kBidirectional ? 2.0 : 1.0;
+  const int64_t L = c.L, N = c.N;
+  std::vector<double> dt(L), raw(L), ysum(L), ddt(L), du(L), h((L + 1) * N), a(L * N), g(N);
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t d = 0; d < c.dim; ++d) {
+      const int64_t row = (b * c.dim + d) * L;
+      auto Bv = [&](int64_t t, int64_t n) {
+        return c.bg ? x.B.v[((b * c.bg + d / (c.dim / c.bg)) * N + n) * L + t] : x.B.v[d * N + n];
+      };
+      auto Cv = [&](int64_t t, int64_t n) {
+        return c.cg ? x.C.v[((b * c.cg + d / (c.dim / c.cg)) * N + n) * L + t] : x.C.v[d * N + n];
+      };
+      auto bidx = [&](int64_t t, int64_t n) { return c.bg ? ((b * c.bg + d / (c.dim / c.bg)) * N + n) * L + t : d * N + n; };
+      auto cidx = [&](int64_t t, int64_t n) { return c.cg ? ((b * c.cg + d / (c.dim / c.cg)) * N + n) * L + t : d * N + n; };
+      for (int64_t t = 0; t < L; ++t) {
+        raw[t] = x.delta.v[row + t] + (c.bias ? x.bias.v[d] : 0.0);
+        dt[t] = c.softplus ? softplus_d(raw[t]) : raw[t];
+        ysum[t] = ddt[t] = du[t] = 0;
+      }
+      auto dyf = [&](int64_t t) {
+        const double o = k.dout.v[row + t];
+        if (!c.z) return o;
+        const double zz = x.z.v[row + t];
+        return o * zz * sigmoid_d(zz);
+      };
+      for (int rv = 0; rv < 2; ++rv) {
+        const bool rev = rv == 1;
+        if (rev && dir == SsDirection::kForward) continue;
+        if (!rev && dir == SsDirection::kReverse) continue;
+        auto tm = [&](int64_t s) { return rev ? L - 1 - s : s; };
+        // h[s + 1] = state after scan step s; h[0] = h0.
+        for (int64_t n = 0; n < N; ++n) h[n] = c.h0 ? x.h0.v[(b * c.dim + d) * N + n] : 0.0;
+        for (int64_t s = 0; s < L; ++s) {
+          const int64_t t = tm(s);
+          double y = 0;
+          for (int64_t n = 0; n < N; ++n) {
+            a[s * N + n] = std::exp(dt[t] * x.A.v[d * N + n]);
+            h[(s + 1) * N + n] = a[s * N + n] * h[s * N + n] + dt[t] * Bv(t, n) * x.u.v[row + t];
+            y += Cv(t, n) * h[(s + 1) * N + n];
+          }
+          ysum[t] += y;
+        }
+        const std::vector<float>& dl = rev ? k.dlr : k.dlf;
+        for (int64_t n = 0; n < N; ++n) g[n] = c.last ? dl[(b * c.dim + d) * N + n] : 0.0;
+        for (int64_t s = L - 1; s >= 0; --s) {
+          const int64_t t = tm(s);
+          const double dy = dyf(t), uu = x.u.v[row + t];
+          for (int64_t n = 0; n < N; ++n) {
+            const double gi = g[n] + Cv(t, n) * dy;
+            const double ah = a[s * N + n] * h[s * N + n];
+            gr.A[d * N + n] += gi * dt[t] * ah;
+            ddt[t] += gi * (x.A.v[d * N + n] * ah + uu * Bv(t, n));
+            du[t] += gi * dt[t] * Bv(t, n);
+            gr.B[bidx(t, n)] += gi * dt[t] * uu;
+            gr.C[cidx(t, n)] += dy * h[(s + 1) * N + n];
+            g[n] = a[s * N + n] * gi;
+          }
+        }
+        if (c.h0)
+          for (int64_t n = 0; n < N; ++n) gr.h0[(b * c.dim + d) * N + n] += g[n];
+      }
+      for (int64_t t = 0; t < L; ++t) {
+        const double dy = dyf(t), uu = x.u.v[row + t];
+        const double Dd = c.D ? x.D.v[d] : 0.0;
+        gr.u[row + t] = du[t] + kD * Dd * dy;
+        if (c.D) gr.D[d] += kD * dy * uu;
+        if (c.z) {
+          const double zz = x.z.v[row + t], s = sigmoid_d(zz);
+          gr.z[row + t] = k.dout.v[row + t] * s * (1 + zz * (1 - s)) * (ysum[t] + kD * Dd * uu);
+        }
+        const double dd = ddt[t] * (c.softplus ? sigmoid_d(raw[t]) : 1.0);
+        gr.delta[row + t] = dd;
+        if (c.bias) gr.bias[d] += dd;
+      }
+    }
+  return gr;
+}
+
+// The loss the backward differentiates, by the forward float64 reference.
+double ref_loss(const Case& c, const Inputs& x, const Cot& k, SsDirection dir) {
+  std::vector<double> out, lf, lr;
+  if (dir == SsDirection::kForward || dir == SsDirection::kBidirectional) reference(c, x, false, out, lf, false);
+  if (dir == SsDirection::kReverse) reference(c, x, true, out, lr, false);
+  if (dir == SsDirection::kBidirectional) reference(c, x, true, out, lr, true);
+  double s = 0;
+  for (size_t i = 0; i < out.size(); ++i) s += out[i] * k.dout.v[i];
+  if (c.last) {
+    for (size_t i = 0; i < lf.size(); ++i) s += lf[i] * k.dlf[i];
+    for (size_t i = 0; i < lr.size(); ++i) s += lr[i] * k.dlr[i];
+  }
+  return s;
+}
+
+// The float64 backward against central differences of the float64 forward (a few
+// elements of every operand), so that the reference itself is checked.
+void check_reference_bwd(const Case& c, uint32_t seed) {
+  const Inputs x = make_inputs(c, seed);
+  const Cot k = make_cot(c, seed);
+  for (SsDirection dir : {SsDirection::kForward, SsDirection::kReverse, SsDirection::kBidirectional}) {
+    const Grads gr = reference_bwd(c, x, k, dir);
+    struct Op { const char* name; Arr Inputs::*arr; const std::vector<double> Grads::*g; };
+    const Op ops[] = {{"u", &Inputs::u, &Grads::u}, {"delta", &Inputs::delta, &Grads::delta},
+                      {"z", &Inputs::z, &Grads::z}, {"A", &Inputs::A, &Grads::A},
+                      {"B", &Inputs::B, &Grads::B}, {"C", &Inputs::C, &Grads::C},
+                      {"D", &Inputs::D, &Grads::D}, {"bias", &Inputs::bias, &Grads::bias},
+                      {"h0", &Inputs::h0, &Grads::h0}};
+    for (const Op& op : ops) {
+      const std::vector<double>& gv = gr.*(op.g);
+      for (size_t i = 0; i < gv.size(); i += 1 + gv.size() / 5) {
+        Inputs xp = x, xm = x;
+        const double e = 1e-6;
+        (xp.*(op.arr)).v[i] += e;
+        (xm.*(op.arr)).v[i] -= e;
+        const double fd = (ref_loss(c, xp, k, dir) - ref_loss(c, xm, k, dir)) / (2 * e);
+        CHECK(std::fabs(fd - gv[i]) <= 1e-6 * (1 + std::fabs(fd)), "reference backward d%s[%zu] dir %d: %.9g vs fd %.9g",
+              op.name, i, int(dir), gv[i], fd);
+      }
+    }
+  }
+}
+
+struct BwdOut {
+  std::vector<float> u, delta, z, A, B, C, D, bias, h0;
+};
+
+BwdOut run_bwd(const Case& c, const Inputs& x, const Cot& k, SsDirection dir, const SsBwdTable& table,
+               Executor& ex) {
+  SsBwdParams q{};
+  SsParams& p = q.fwd;
+  p.u = x.u.ptr(); p.u_t = x.u.t;
+  p.delta = x.delta.ptr(); p.delta_t = x.delta.t;
+  p.A = x.A.ptr(); p.A_t = x.A.t;
+  p.B = x.B.ptr(); p.B_t = x.B.t; p.b_var = c.bg != 0;
+  p.C = x.C.ptr(); p.C_t = x.C.t; p.c_var = c.cg != 0;
+  p.D = x.D.ptr(); p.D_t = x.D.t;
+  p.z = x.z.ptr(); p.z_t = x.z.t;
+  p.delta_bias = x.bias.ptr(); p.delta_bias_t = x.bias.t;
+  p.h0 = x.h0.ptr(); p.h0_t = x.h0.t;
+  p.delta_softplus = c.softplus;
+  p.direction = dir;
+  p.batch = c.batch; p.dim = c.dim; p.dstate = c.N; p.length = c.L;
+  p.b_groups = c.bg ? c.bg : 1;
+  p.c_groups = c.cg ? c.cg : 1;
+  q.dout = k.dout.ptr(); q.dout_t = k.dout.t;
+  q.dlast_fwd = c.last ? k.dlf.data() : nullptr;
+  q.dlast_rev = c.last ? k.dlr.data() : nullptr;
+  BwdOut o;
+  const size_t bdl = c.batch * c.dim * c.L;
+  o.u.assign(bdl, NAN); o.delta.assign(bdl, NAN); o.z.assign(c.z ? bdl : 0, NAN);
+  o.A.assign(c.dim * c.N, NAN); o.B.assign(x.B.v.size(), NAN); o.C.assign(x.C.v.size(), NAN);
+  o.D.assign(c.D ? c.dim : 0, NAN); o.bias.assign(c.bias ? c.dim : 0, NAN);
+  o.h0.assign(c.h0 ? c.batch * c.dim * c.N : 0, NAN);
+  q.du = o.u.data(); q.ddelta = o.delta.data(); q.dz = c.z ? o.z.data() : nullptr;
+  q.dA = o.A.data(); q.dB = o.B.data(); q.dC = o.C.data();
+  q.dD = c.D ? o.D.data() : nullptr; q.ddelta_bias = c.bias ? o.bias.data() : nullptr;
+  q.dh0 = c.h0 ? o.h0.data() : nullptr;
+  selective_scan_bwd_cpu(q, table, ex);
+  return o;
+}
+
+bool same_bits(const BwdOut& a, const BwdOut& b) {
+  auto eq = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), 4 * x.size()) == 0);
+  };
+  return eq(a.u, b.u) && eq(a.delta, b.delta) && eq(a.z, b.z) && eq(a.A, b.A) && eq(a.B, b.B) &&
+         eq(a.C, b.C) && eq(a.D, b.D) && eq(a.bias, b.bias) && eq(a.h0, b.h0);
+}
+
+void run_bwd_case(const Case& c, const SsBwdTable& table, uint32_t seed) {
+  const Inputs x = make_inputs(c, seed);
+  const Cot k = make_cot(c, seed);
+  InlineExecutor one;
+  Threads three(3), four(4);
+  // Relative to the largest |gradient| of each operand: float32 state and sums over L
+  // (and batch, channels); 16-bit inputs are exact in the reference, so the same bound.
+  const double tol = 1e-4;
+  char what[256];
+  std::snprintf(what, sizeof what,
+                "bwd %s b%lld D%lld N%lld L%lld B%lld C%lld D%d z%d bias%d sp%d h0%d last%d io=%s st=%s",
+                table.name, (long long)c.batch, (long long)c.dim, (long long)c.N, (long long)c.L,
+                (long long)c.bg, (long long)c.cg, c.D, c.z, c.bias, c.softplus, c.h0, c.last, tname(c.io),
+                tname(c.state_in));
+  for (SsDirection dir : {SsDirection::kForward, SsDirection::kReverse, SsDirection::kBidirectional}) {
+    const Grads want = reference_bwd(c, x, k, dir);
+    const BwdOut got = run_bwd(c, x, k, dir, table, one);
+    double e;
+    const char* names[] = {"u", "delta", "z", "A", "B", "C", "D", "delta_bias", "h0"};
+    const std::vector<float>* gs[] = {&got.u, &got.delta, &got.z, &got.A, &got.B, &got.C, &got.D, &got.bias, &got.h0};
+    const std::vector<double>* ws[] = {&want.u, &want.delta, &want.z, &want.A, &want.B, &want.C, &want.D, &want.bias, &want.h0};
+    for (int i = 0; i < 9; ++i) {
+      CHECK(gs[i]->size() == ws[i]->size(), "%s dir %d d%s size", what, int(dir), names[i]);
+      if (gs[i]->size() != ws[i]->size() || ws[i]->empty()) continue;
+      // dD and ddelta_bias are single sums of batch * L terms of both signs (|sum| ~ sqrt(L)
+      // while sum |terms| ~ L): relative to the result their error is ~sqrt(L) larger
+      // (generic backend: silu without fma, <= 45 ULP, shows it at L = 4099).
+      const double t_i = (i == 6 || i == 7) ? 3 * tol : tol;
+      CHECK((e = rel_err(*gs[i], *ws[i])) <= t_i, "%s dir %d d%s rel err %.3g", what, int(dir), names[i], e);
+    }
+    // Deterministic: bitwise the same on 3 and 4 threads as on one (fixed-order sums).
+    const BwdOut g3 = run_bwd(c, x, k, dir, table, three);
+    const BwdOut g4 = run_bwd(c, x, k, dir, table, four);
+    CHECK(same_bits(got, g3) && same_bits(got, g4), "%s dir %d: threads change the gradients", what, int(dir));
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -315,12 +562,21 @@ int main(int argc, char** argv) {
     cases.push_back({2, 96, 16, 1023, 1, 1, true, true, true, true, true, true, F, F});
     cases.push_back({1, 40, 16, 4099, 2, 2, true, true, true, true, true, true, F, F});
   }
+  // The float64 backward reference against central differences (tiny cases, all options).
+  for (const Case& c : {Case{2, 4, 3, 7, 2, 1, true, true, true, true, true, true, F, F},
+                        Case{1, 3, 2, 5, 0, 0, true, true, false, false, true, true, F, F},
+                        Case{2, 2, 2, 6, 1, 2, false, false, true, true, false, true, F, F}})
+    check_reference_bwd(c, 99);
   for (const KernelTable* k : supported_kernel_tables()) {
     const SsTable* t = ss_table_named(k->name);
     if (t == nullptr) { CHECK(false, "no selective-scan table for %s", k->name); continue; }
     const int before = g_failures;
     uint32_t seed = 1;
     for (const Case& c : cases) run_case(c, *t, seed++);
+    const SsBwdTable* bt = ss_bwd_table_named(k->name);
+    if (bt == nullptr) { CHECK(false, "no selective-scan backward table for %s", k->name); continue; }
+    seed = 1;
+    for (const Case& c : cases) run_bwd_case(c, *bt, seed++);
     std::printf("%-8s (%d lanes): %s\n", t->name, t->lanes, g_failures == before ? "ok" : "FAILED");
   }
   std::printf("%d checks, %d failures\n", g_checks, g_failures);

@@ -1,0 +1,416 @@
+// The fused selective-scan backward kernel (one source for every ISA of simd.h).
+//
+// Same task as the forward's channel path: `lanes` channels of one batch row (one
+// B group, one C group), every vector op on `lanes` independent recurrences.
+// Per direction (bidirectional: reverse, then forward, gradients added):
+//   1. checkpoint sweep: the forward recurrence in scan order, keeping the state
+//      entering every block of `lanes` steps (ckpt, [blocks][N][lanes]);
+//   2. blocks in reverse scan order: recompute the block's states from its
+//      checkpoint, keeping dA = exp(delta A) and h for its `lanes` steps (E, H:
+//      [lanes][N][lanes] each, L1) and y = sum_n C h when z is present; then walk
+//      the block's steps backwards with the adjoint g (dL/dh, carried across
+//      blocks, starting from the last state's cotangent):
+//          gi  = g + C[t] dy[t]                    dy = dout * silu(z)
+//          dA += gi delta dA h[t-1]                ddelta += sum_n gi (A dA h[t-1] + u B)
+//          du += sum_n gi delta B                  dB[t] += gi delta u    dC[t] += dy h[t]
+//          g   = dA gi                             (the adjoint of h[t-1])
+//      g after the first step is dL/dh0.
+//   3. per block: du += k D dy, ddelta (raw) = ddelta * sigmoid(delta + bias) with
+//      softplus, dz = dout (y_f + y_r + k D u) silu'(z), dD = k sum dy u (k = 2 for
+//      bidirectional), written out as float32.
+// Gradients summed over channels (dB, dC when they vary with t) are summed over
+// the task's lanes by a register transpose per step, into the task's own partial
+// [L][N]; gradients summed over batch and time (dA, dD, ddelta_bias, invariant B /
+// C) go to per-task [N][lanes] / [lanes] partials. The driver adds the partials in
+// task order, so results do not depend on the thread count or schedule.
+// Work per (t, n): three exp2 of the forward's kind (sweep, recompute), ~35 vector
+// ops in all; memory: the inputs are read three times (sweep, recompute, final
+// pass), each gradient written once; nothing of size L * N per channel is stored.
+#pragma once
+
+#include <cstring>
+#include <initializer_list>
+
+#include "selective_scan.h"
+#include "selective_scan_bwd_api.h"
+
+namespace jax_selscan {
+namespace {
+namespace ssb {
+
+using simd::VF;
+constexpr int W = VF::kLanes;
+
+struct BCtx {
+  const SsBwdParams* q;
+  const SsParams* p;
+  int64_t b, d0, N, NP, L, nblocks;
+  int nch;
+  int64_t row0, bbase, cbase;
+  float *A2, *Av, *Bi, *Ci, *g, *hs, *accA, *accB, *accC, *gh0;  // [N][W]
+  float *Bb, *Cb;                     // [N][W]: B / C rows of the block's W steps
+  float *Dv, *biasv;                  // [W] (Dv = k * D)
+  float *ckpt;                        // [nblocks][N][W]
+  float *E, *H;                       // [W][N][W]
+  float *ysum, *dub, *ddt;            // [L][W]
+  float *dl, *uu, *dy, *tmp, *tmp2;   // [W][W]
+  float *redB, *redC;                 // [NP][W] (rows >= N stay zero)
+  float dk;                           // k: 2 for bidirectional, else 1
+  float dmax;
+};
+
+// B / C rows (n, t0 .. t0 + W) of the block, zero beyond nt.
+JSS_INLINE void block_rows(const BCtx& c, const void* src, SsType ty, int64_t base, int64_t t0, int nt,
+                           float* dst) {
+  for (int64_t n = 0; n < c.N; ++n) {
+    const int64_t off = base + n * c.L + t0;
+    if (nt == W) {
+      simd::store(dst + n * W, ss::ldv(src, ty, off));
+    } else {
+      for (int tb = 0; tb < W; ++tb) dst[n * W + tb] = tb < nt ? ss::ld1(src, ty, off + tb) : 0.0f;
+    }
+  }
+}
+
+// delta (bias, softplus) and u of the block; with WALK also dy and the C rows.
+template <bool BVAR, bool CVAR, bool WALK>
+JSS_INLINE void prepare(const BCtx& c, int64_t t0, int nt) {
+  const SsParams& p = *c.p;
+  ss::gather_block(p.delta, p.delta_t, c.row0, c.L, c.nch, t0, nt, c.dl);
+  ss::gather_block(p.u, p.u_t, c.row0, c.L, c.nch, t0, nt, c.uu);
+  if (p.delta_bias != nullptr || p.delta_softplus) {
+    const VF bias = simd::load(c.biasv);
+    for (int tb = 0; tb < W; ++tb) {
+      VF d = simd::load(c.dl + tb * W);
+      if (p.delta_bias != nullptr) d = simd::add(d, bias);
+      if (p.delta_softplus) d = simd::softplus(d);
+      simd::store(c.dl + tb * W, d);
+    }
+  }
+  if (BVAR) block_rows(c, p.B, p.B_t, c.bbase, t0, nt, c.Bb);
+  if (WALK) {
+    if (CVAR) block_rows(c, p.C, p.C_t, c.cbase, t0, nt, c.Cb);
+    ss::gather_block(c.q->dout, c.q->dout_t, c.row0, c.L, c.nch, t0, nt, c.dy);
+    if (p.z != nullptr) {
+      ss::gather_block(p.z, p.z_t, c.row0, c.L, c.nch, t0, nt, c.tmp);
+      for (int tb = 0; tb < W; ++tb)
+        simd::store(c.dy + tb * W, simd::mul(simd::load(c.dy + tb * W), simd::silu(simd::load(c.tmp + tb * W))));
+    }
+  }
+}
+
+// dst[n] += sum over the lanes of red[n] (n < N): W x W transposes, pairwise sums.
+JSS_INLINE void lane_sums(const BCtx& c, const float* red, float* dst) {
+  for (int64_t n0 = 0; n0 < c.NP; n0 += W) {
+    VF r[W];
+    JSS_UNROLL
+    for (int i = 0; i < W; ++i) r[i] = simd::load(red + (n0 + i) * W);
+    simd::transpose(r);
+    JSS_UNROLL
+    for (int s = 1; s < W; s *= 2) {
+      JSS_UNROLL
+      for (int i = 0; i + s < W; i += 2 * s) r[i] = simd::add(r[i], r[i + s]);
+    }
+    if (n0 + W <= c.N) {
+      simd::store(dst + n0, simd::add(simd::load(dst + n0), r[0]));
+    } else {
+      float s[W];
+      simd::store(s, r[0]);
+      for (int64_t j = 0; j < c.N - n0; ++j) dst[n0 + j] += s[j];
+    }
+  }
+}
+
+JSS_INLINE bool fast_range(const BCtx& c, VF dlv) { return !simd::any_outside(dlv, 0.0f, c.dmax); }
+
+JSS_INLINE VF exp_da(bool fast, VF x) { return fast ? simd::exp2_inrange(x) : simd::exp2_any(x); }
+
+// 1. The state entering every block (in scan order), from h0.
+template <int NS, bool BVAR>
+void sweep(const BCtx& c, bool rev) {
+  const SsParams& p = *c.p;
+  const int64_t N = NS > 0 ? NS : c.N;
+  for (int64_t n = 0; n < N; ++n)
+    for (int r = 0; r < W; ++r)
+      c.hs[n * W + r] = (p.h0 != nullptr && r < c.nch) ? ss::ld1(p.h0, p.h0_t, (c.b * p.dim + c.d0 + r) * N + n)
+                                                       : 0.0f;
+  for (int64_t bi = 0; bi < c.nblocks; ++bi) {
+    const int64_t blk = rev ? c.nblocks - 1 - bi : bi;
+    const int64_t t0 = blk * W;
+    const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
+    std::memcpy(c.ckpt + blk * N * W, c.hs, sizeof(float) * N * W);
+    if (bi + 1 == c.nblocks) break;
+    prepare<BVAR, false, false>(c, t0, nt);
+    VF hr[NS > 0 ? NS : 1];
+    if constexpr (NS > 0) {
+      JSS_UNROLL
+      for (int n = 0; n < NS; ++n) hr[n] = simd::load(c.hs + n * W);
+    }
+    for (int k = 0; k < nt; ++k) {
+      const int tb = rev ? nt - 1 - k : k;
+      const VF dlv = simd::load(c.dl + tb * W);
+      const VF duv = simd::mul(dlv, simd::load(c.uu + tb * W));
+      const bool fast = fast_range(c, dlv);
+      auto step = [&](int64_t n, VF h) JSS_INLINE_LAMBDA {
+        const VF a = exp_da(fast, simd::mul(dlv, simd::load(c.A2 + n * W)));
+        const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
+        return simd::fma(a, h, simd::mul(duv, bb));
+      };
+      if constexpr (NS > 0) {
+        JSS_UNROLL
+        for (int n = 0; n < NS; ++n) hr[n] = step(n, hr[n]);
+      } else {
+        for (int64_t n = 0; n < N; ++n) simd::store(c.hs + n * W, step(n, simd::load(c.hs + n * W)));
+      }
+    }
+    if constexpr (NS > 0) {
+      JSS_UNROLL
+      for (int n = 0; n < NS; ++n) simd::store(c.hs + n * W, hr[n]);
+    }
+  }
+}
+
+// 2. Blocks in reverse scan order: recompute, then the adjoint walk.
+template <int NS, bool BVAR, bool CVAR>
+void walk(const BCtx& c, const SsBwdTask& t, bool rev, const float* dlast) {
+  const SsParams& p = *c.p;
+  const int64_t N = NS > 0 ? NS : c.N;
+  const bool want_y = p.z != nullptr;
+  for (int64_t n = 0; n < N; ++n)
+    for (int r = 0; r < W; ++r)
+      c.g[n * W + r] = (dlast != nullptr && r < c.nch) ? dlast[(c.b * p.dim + c.d0 + r) * N + n] : 0.0f;
+  VF gr[NS > 0 ? NS : 1];
+  if constexpr (NS > 0) {
+    JSS_UNROLL
+    for (int n = 0; n < NS; ++n) gr[n] = simd::load(c.g + n * W);
+  }
+  for (int64_t bi = 0; bi < c.nblocks; ++bi) {
+    const int64_t blk = rev ? bi : c.nblocks - 1 - bi;
+    const int64_t t0 = blk * W;
+    const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
+    prepare<BVAR, CVAR, true>(c, t0, nt);
+    const float* ck = c.ckpt + blk * N * W;
+    // Recompute the block's states (scan order).
+    {
+      VF hr[NS > 0 ? NS : 1];
+      if constexpr (NS > 0) {
+        JSS_UNROLL
+        for (int n = 0; n < NS; ++n) hr[n] = simd::load(ck + n * W);
+      } else {
+        std::memcpy(c.hs, ck, sizeof(float) * N * W);
+      }
+      for (int k = 0; k < nt; ++k) {
+        const int tb = rev ? nt - 1 - k : k;
+        const VF dlv = simd::load(c.dl + tb * W);
+        const VF duv = simd::mul(dlv, simd::load(c.uu + tb * W));
+        const bool fast = fast_range(c, dlv);
+        float* Ek = c.E + tb * N * W;
+        float* Hk = c.H + tb * N * W;
+        VF y = simd::broadcast(0.0f);
+        auto step = [&](int64_t n, VF h) JSS_INLINE_LAMBDA {
+          const VF a = exp_da(fast, simd::mul(dlv, simd::load(c.A2 + n * W)));
+          const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
+          h = simd::fma(a, h, simd::mul(duv, bb));
+          simd::store(Ek + n * W, a);
+          simd::store(Hk + n * W, h);
+          if (want_y) {
+            const VF cc = CVAR ? simd::broadcast(c.Cb[n * W + tb]) : simd::load(c.Ci + n * W);
+            y = simd::fma(cc, h, y);
+          }
+          return h;
+        };
+        if constexpr (NS > 0) {
+          JSS_UNROLL
+          for (int n = 0; n < NS; ++n) hr[n] = step(n, hr[n]);
+        } else {
+          for (int64_t n = 0; n < N; ++n) simd::store(c.hs + n * W, step(n, simd::load(c.hs + n * W)));
+        }
+        if (want_y) {
+          float* ys = c.ysum + (t0 + tb) * W;
+          simd::store(ys, simd::add(simd::load(ys), y));
+        }
+      }
+    }
+    // The adjoint, steps in reverse scan order.
+    for (int k = nt - 1; k >= 0; --k) {
+      const int tb = rev ? nt - 1 - k : k;
+      const float* hp = k == 0 ? ck : c.H + (rev ? tb + 1 : tb - 1) * N * W;
+      const float* Ek = c.E + tb * N * W;
+      const float* Hk = c.H + tb * N * W;
+      const VF dyv = simd::load(c.dy + tb * W);
+      const VF dtv = simd::load(c.dl + tb * W);
+      const VF uv = simd::load(c.uu + tb * W);
+      VF dd = simd::broadcast(0.0f), dus = simd::broadcast(0.0f);
+      auto step = [&](int64_t n, VF g) JSS_INLINE_LAMBDA {
+        const VF cc = CVAR ? simd::broadcast(c.Cb[n * W + tb]) : simd::load(c.Ci + n * W);
+        const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
+        const VF gi = simd::fma(cc, dyv, g);
+        const VF a = simd::load(Ek + n * W);
+        const VF ah = simd::mul(a, simd::load(hp + n * W));
+        const VF gdt = simd::mul(gi, dtv);
+        simd::store(c.accA + n * W, simd::fma(gdt, ah, simd::load(c.accA + n * W)));
+        dd = simd::fma(gi, simd::fma(simd::load(c.Av + n * W), ah, simd::mul(uv, bb)), dd);
+        dus = simd::fma(gdt, bb, dus);
+        const VF db = simd::mul(gdt, uv);
+        if (BVAR) simd::store(c.redB + n * W, db);
+        else simd::store(c.accB + n * W, simd::add(simd::load(c.accB + n * W), db));
+        const VF dc = simd::mul(dyv, simd::load(Hk + n * W));
+        if (CVAR) simd::store(c.redC + n * W, dc);
+        else simd::store(c.accC + n * W, simd::add(simd::load(c.accC + n * W), dc));
+        return simd::mul(a, gi);
+      };
+      if constexpr (NS > 0) {
+        JSS_UNROLL
+        for (int n = 0; n < NS; ++n) gr[n] = step(n, gr[n]);
+      } else {
+        for (int64_t n = 0; n < N; ++n) simd::store(c.g + n * W, step(n, simd::load(c.g + n * W)));
+      }
+      const int64_t tt = t0 + tb;
+      simd::store(c.dub + tt * W, simd::add(simd::load(c.dub + tt * W), dus));
+      simd::store(c.ddt + tt * W, simd::add(simd::load(c.ddt + tt * W), dd));
+      if (BVAR) lane_sums(c, c.redB, t.pB + tt * N);
+      if (CVAR) lane_sums(c, c.redC, t.pC + tt * N);
+    }
+  }
+  if constexpr (NS > 0) {
+    JSS_UNROLL
+    for (int n = 0; n < NS; ++n) simd::store(c.g + n * W, gr[n]);
+  }
+  for (int64_t i = 0; i < N * W; ++i) c.gh0[i] += c.g[i];
+}
+
+// 3. du, ddelta, dz of the task's channels; dD and ddelta_bias partials.
+inline void finish(const BCtx& c, const SsBwdTask& t) {
+  const SsParams& p = *c.p;
+  const SsBwdParams& q = *c.q;
+  VF accD = simd::broadcast(0.0f), accBias = simd::broadcast(0.0f);
+  const VF dv = simd::load(c.Dv), bias = simd::load(c.biasv);
+  for (int64_t blk = 0; blk < c.nblocks; ++blk) {
+    const int64_t t0 = blk * W;
+    const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
+    ss::gather_block(p.delta, p.delta_t, c.row0, c.L, c.nch, t0, nt, c.dl);
+    ss::gather_block(p.u, p.u_t, c.row0, c.L, c.nch, t0, nt, c.uu);
+    ss::gather_block(q.dout, q.dout_t, c.row0, c.L, c.nch, t0, nt, c.tmp);
+    if (p.z != nullptr) ss::gather_block(p.z, p.z_t, c.row0, c.L, c.nch, t0, nt, c.tmp2);
+    // Two-level sums (per block, then over blocks): error ~ (W + L / W) eps, not L eps.
+    VF blkD = simd::broadcast(0.0f), blkBias = simd::broadcast(0.0f);
+    for (int tb = 0; tb < nt; ++tb) {
+      const int64_t tt = t0 + tb;
+      const VF dout = simd::load(c.tmp + tb * W);
+      const VF uv = simd::load(c.uu + tb * W);
+      VF dyv = dout;
+      if (p.z != nullptr) {
+        const VF zv = simd::load(c.tmp2 + tb * W);
+        const VF s = simd::sigmoid(zv);
+        dyv = simd::mul(dout, simd::mul(zv, s));
+        // silu'(z) = s (1 + z (1 - s))
+        const VF ds = simd::mul(s, simd::fma(zv, simd::sub(simd::broadcast(1.0f), s), simd::broadcast(1.0f)));
+        const VF ytot = simd::fma(dv, uv, simd::load(c.ysum + tt * W));
+        simd::store(c.tmp2 + tb * W, simd::mul(simd::mul(dout, ds), ytot));
+      }
+      blkD = simd::fma(dyv, uv, blkD);
+      simd::store(c.uu + tb * W, simd::fma(dv, dyv, simd::load(c.dub + tt * W)));
+      VF ddv = simd::load(c.ddt + tt * W);
+      if (p.delta_softplus) {
+        VF raw = simd::load(c.dl + tb * W);
+        if (p.delta_bias != nullptr) raw = simd::add(raw, bias);
+        ddv = simd::mul(ddv, simd::sigmoid(raw));
+      }
+      blkBias = simd::add(blkBias, ddv);
+      simd::store(c.dl + tb * W, ddv);
+    }
+    accD = simd::add(accD, blkD);
+    accBias = simd::add(accBias, blkBias);
+    ss::scatter_block(q.du, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.uu);
+    ss::scatter_block(q.ddelta, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.dl);
+    if (q.dz != nullptr) ss::scatter_block(q.dz, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.tmp2);
+  }
+  simd::store(t.pD, simd::mul(accD, simd::broadcast(c.dk)));
+  simd::store(t.pbias, accBias);
+}
+
+template <int NS, bool BVAR, bool CVAR>
+void run_dirs(const BCtx& c, const SsBwdTask& t) {
+  const SsParams& p = *c.p;
+  if (p.direction != SsDirection::kForward) {
+    sweep<NS, BVAR>(c, true);
+    walk<NS, BVAR, CVAR>(c, t, true, c.q->dlast_rev);
+  }
+  if (p.direction != SsDirection::kReverse) {
+    sweep<NS, BVAR>(c, false);
+    walk<NS, BVAR, CVAR>(c, t, false, c.q->dlast_fwd);
+  }
+}
+
+inline void run(const SsBwdParams& q, const SsBwdTask& t) {
+  const SsParams& p = q.fwd;
+  BCtx c;
+  c.q = &q;
+  c.p = &p;
+  c.b = t.b;
+  c.d0 = t.d0;
+  c.nch = static_cast<int>(t.nch);
+  c.N = p.dstate;
+  c.NP = (c.N + W - 1) / W * W;
+  c.L = p.length;
+  c.nblocks = (c.L + W - 1) / W;
+  c.row0 = (t.b * p.dim + t.d0) * p.length;
+  c.bbase = (t.b * p.b_groups + t.d0 / (p.dim / p.b_groups)) * p.dstate * p.length;
+  c.cbase = (t.b * p.c_groups + t.d0 / (p.dim / p.c_groups)) * p.dstate * p.length;
+  float* w = t.work;
+  auto take = [&](int64_t n) { float* r = w; w += (n + 15) / 16 * 16; return r; };
+  const int64_t NW = c.N * W;
+  c.A2 = take(NW); c.Av = take(NW); c.Bi = take(NW); c.Ci = take(NW); c.g = take(NW); c.hs = take(NW);
+  c.accA = take(NW); c.accB = take(NW); c.accC = take(NW); c.gh0 = take(NW);
+  c.Bb = take(NW); c.Cb = take(NW);
+  c.Dv = take(W); c.biasv = take(W);
+  c.ckpt = take(c.nblocks * NW);
+  c.E = take(W * NW); c.H = take(W * NW);
+  c.ysum = take(c.L * W); c.dub = take(c.L * W); c.ddt = take(c.L * W);
+  c.dl = take(W * W); c.uu = take(W * W); c.dy = take(W * W); c.tmp = take(W * W); c.tmp2 = take(W * W);
+  c.redB = take(c.NP * W); c.redC = take(c.NP * W);
+  c.dk = p.direction == SsDirection::kBidirectional ? 2.0f : 1.0f;
+  for (int r = 0; r < W; ++r) {
+    const bool in = r < c.nch;
+    const int64_t d = t.d0 + r;
+    c.Dv[r] = (in && p.D != nullptr) ? c.dk * ss::ld1(p.D, p.D_t, d) : 0.0f;
+    c.biasv[r] = (in && p.delta_bias != nullptr) ? ss::ld1(p.delta_bias, p.delta_bias_t, d) : 0.0f;
+    for (int64_t n = 0; n < c.N; ++n) {
+      const float a = in ? ss::ld1(p.A, p.A_t, d * c.N + n) : 0.0f;
+      c.Av[n * W + r] = a;
+      c.A2[n * W + r] = a * simd::kLog2e;
+      c.Bi[n * W + r] = (in && !p.b_var) ? ss::ld1(p.B, p.B_t, d * c.N + n) : 0.0f;
+      c.Ci[n * W + r] = (in && !p.c_var) ? ss::ld1(p.C, p.C_t, d * c.N + n) : 0.0f;
+    }
+  }
+  float a_min = 0.0f, a_max = -1.0f;
+  for (int64_t i = 0; i < NW; ++i) {
+    a_min = c.A2[i] < a_min ? c.A2[i] : a_min;
+    a_max = c.A2[i] > a_max ? c.A2[i] : a_max;
+  }
+  c.dmax = !(a_max <= 0.0f) ? -1.0f : a_min < 0.0f ? -125.0f / a_min : 3.0e38f;
+  for (float* z : {c.accA, c.accB, c.accC, c.gh0}) std::memset(z, 0, sizeof(float) * NW);
+  std::memset(c.redB, 0, sizeof(float) * c.NP * W);
+  std::memset(c.redC, 0, sizeof(float) * c.NP * W);
+  std::memset(c.ysum, 0, sizeof(float) * c.L * W);
+  std::memset(c.dub, 0, sizeof(float) * c.L * W);
+  std::memset(c.ddt, 0, sizeof(float) * c.L * W);
+  if (p.b_var) std::memset(t.pB, 0, sizeof(float) * c.L * c.N);
+  if (p.c_var) std::memset(t.pC, 0, sizeof(float) * c.L * c.N);
+  const bool n16 = c.N == 16;
+  if (p.b_var && p.c_var) n16 ? run_dirs<16, true, true>(c, t) : run_dirs<0, true, true>(c, t);
+  else if (p.b_var) n16 ? run_dirs<16, true, false>(c, t) : run_dirs<0, true, false>(c, t);
+  else if (p.c_var) n16 ? run_dirs<16, false, true>(c, t) : run_dirs<0, false, true>(c, t);
+  else n16 ? run_dirs<16, false, false>(c, t) : run_dirs<0, false, false>(c, t);
+  finish(c, t);
+  std::memcpy(t.pA, c.accA, sizeof(float) * NW);
+  if (!p.b_var) std::memcpy(t.pB, c.accB, sizeof(float) * NW);
+  if (!p.c_var) std::memcpy(t.pC, c.accC, sizeof(float) * NW);
+  if (q.dh0 != nullptr)
+    for (int r = 0; r < c.nch; ++r)
+      for (int64_t n = 0; n < c.N; ++n) q.dh0[(t.b * p.dim + t.d0 + r) * c.N + n] = c.gh0[n * W + r];
+}
+
+}  // namespace ssb
+}  // namespace
+}  // namespace jax_selscan

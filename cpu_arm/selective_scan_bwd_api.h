@@ -1,0 +1,68 @@
+// The interface between the selective-scan backward driver
+// (selective_scan_bwd_cpu.cc: threads, partial sums, deterministic reductions)
+// and the per-ISA backward kernels (selective_scan_bwd_isa.cc). Plain structs
+// only: included by translation units built with different -m flags.
+#pragma once
+
+#include <cstdint>
+
+#include "selective_scan_api.h"
+
+namespace jax_selscan {
+
+// One backward call: the forward's inputs and options (fwd; its out / last_*
+// fields are unused), the cotangents, and the gradients.
+//   dout: (batch, dim, length) in dout_t;  dlast_fwd / dlast_rev: (batch, dim,
+//   dstate) float32 or null (zero).
+//   Gradients, all float32, in the operands' shapes; null when the operand is
+//   absent (D, z, delta_bias, h0): du, ddelta, dz (batch, dim, length); dA
+//   (dim, dstate); dB, dC like B, C; dD, ddelta_bias (dim,); dh0 (batch, dim, dstate).
+//   ddelta is the gradient of the raw delta (before bias and softplus).
+struct SsBwdParams {
+  SsParams fwd;
+  const void* dout; SsType dout_t;
+  const float* dlast_fwd;
+  const float* dlast_rev;
+  float *du, *ddelta, *dz, *dA, *dB, *dC, *dD, *ddelta_bias, *dh0;
+};
+
+// One task: batch row b, channels [d0, d0 + nch) (nch <= lanes), in one B group
+// and one C group. The kernel writes du / ddelta / dz / dh0 of its channels
+// directly and its share of the summed gradients into per-task partials (lane r
+// = channel d0 + r), which the driver adds up in a fixed order:
+//   pA [dstate][lanes];  pD, pbias [lanes];
+//   pB: [length][dstate] summed over the task's channels when B varies (b_var),
+//       else [dstate][lanes]; pC likewise.
+// `work` holds ss_bwd_work_floats(...) floats, 64-byte aligned.
+struct SsBwdTask {
+  int64_t b, d0, nch;
+  float* work;
+  float *pA, *pB, *pC, *pD, *pbias;
+};
+
+struct SsBwdTable {
+  const char* name;  // as SsTable::name
+  int32_t lanes;
+  void (*run)(const SsBwdParams& q, const SsBwdTask& t);
+};
+
+// Scratch floats of one task (a multiple of 16): the checkpoints ([blocks][dstate]
+// [lanes], one per block of `lanes` steps), one block's dA and states, three
+// [length][lanes] accumulators, and small per-block buffers.
+inline int64_t ss_bwd_work_floats(int64_t lanes, int64_t dstate, int64_t length) {
+  const int64_t blocks = (length + lanes - 1) / lanes;
+  const int64_t np = (dstate + lanes - 1) / lanes * lanes;
+  return (blocks * dstate * lanes + 2 * lanes * dstate * lanes + 3 * length * lanes +
+          12 * dstate * lanes + 2 * np * lanes + 12 * lanes * lanes + 64 * 16 + 15) / 16 * 16;
+}
+
+const SsBwdTable* ss_bwd_table_generic();
+#if defined(__x86_64__) || defined(_M_X64)
+const SsBwdTable* ss_bwd_table_avx2();
+const SsBwdTable* ss_bwd_table_avx512();
+#endif
+#if defined(__aarch64__)
+const SsBwdTable* ss_bwd_table_neon();
+#endif
+
+}  // namespace jax_selscan

@@ -1,0 +1,199 @@
+"""The fused CPU backward kernel of selective_scan (cpu_arm/selective_scan_bwd.h).
+
+Gradients through jax.vjp / jax.grad of selective_scan (float32 / bfloat16 / float16
+inputs, so the kernels run) against the gradients of selective_scan_ref evaluated in
+float64 on the same (exactly upcast) inputs and cotangents. Tolerances, relative to
+the largest |gradient| of each operand: float32 1e-4 (float32 state, sums over L and
+batch); dD and ddelta_bias 3x that (single sums of batch * L terms of both signs);
+bfloat16 1.6e-2 and float16 2e-3 (the float32 gradient rounded to the operand's
+dtype; the reference sees the same 16-bit input values, so input rounding is not in
+the error). Random non-zero inputs per case (seeded); odd L everywhere.
+
+JAX_SELSCAN_BWD_SWEEP=1 runs every option combination (directions x B/C layouts x
+D/z/delta_bias+softplus/h0 x last state; a few minutes); the default runs a covering
+subset (each option on and off in every direction, each layout on both B and C).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import zlib
+
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+
+from jax_selscan import _ffi
+from jax_selscan.reference import selective_scan_ref
+from jax_selscan.selective_scan import selective_scan
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import REQUIRE_CPU_KERNEL  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+if not _ffi.HAS_CPU and not REQUIRE_CPU_KERNEL:
+    pytest.skip("the CPU extension is not built", allow_module_level=True)
+
+BWD = _ffi.SELECTIVE_SCAN_BWD
+NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")
+TOL = {np.dtype(np.float32): 1e-4, np.dtype(jnp.bfloat16): 1.6e-2, np.dtype(np.float16): 2e-3}
+DIRECTIONS = ("forward", "reverse", "bidirectional")
+LAYOUTS = ("invariant", "variable", "grouped")
+
+
+def make(seed, *, batch=2, dim=12, dstate=5, length=23, groups=3, b_kind="variable",
+         c_kind="variable", D=True, z=True, bias=True, h0=True, act=np.float32, state=None):
+    """Operands (None where absent) as float64 numpy arrays already rounded to their dtype,
+    and the dtypes to feed the kernel with."""
+    rng = np.random.default_rng(seed)
+    state = state or act
+    bc_shape = {"invariant": (dim, dstate), "variable": (batch, dstate, length),
+                "grouped": (batch, groups, dstate, length)}
+
+    def arr(shape, dtype, scale=1.0, shift=0.0):
+        v = rng.standard_normal(shape) * scale + shift
+        return np.asarray(np.asarray(v, dtype), np.float64)
+
+    def bc(kind):
+        return arr(bc_shape[kind], state if kind == "invariant" else act)
+
+    x = dict(u=arr((batch, dim, length), act),
+             delta=arr((batch, dim, length), act, 0.5, -0.5),
+             A=np.asarray(np.asarray(-np.exp(rng.standard_normal((dim, dstate)) * 0.5), state),
+                          np.float64),
+             B=bc(b_kind), C=bc(c_kind),
+             D=arr((dim,), state) if D else None,
+             z=arr((batch, dim, length), act) if z else None,
+             delta_bias=np.asarray(np.asarray(rng.uniform(0.05, 0.5, dim), state), np.float64)
+             if bias else None,
+             h0=arr((batch, dim, dstate), state) if h0 else None)
+    dtypes = dict(u=act, delta=act, A=state, B=act if b_kind != "invariant" else state,
+                  C=act if c_kind != "invariant" else state, D=state, z=act, delta_bias=state,
+                  h0=state)
+    return x, dtypes
+
+
+def cotangents(seed, x, direction, last, act):
+    rng = np.random.default_rng(seed + 1000)
+    batch, dim, length = x["u"].shape
+    n = x["A"].shape[1]
+    dout = np.asarray(np.asarray(rng.standard_normal((batch, dim, length)), act), np.float64)
+    if not last:
+        return dout, None
+    lf, lr = (rng.standard_normal((batch, dim, n)) for _ in range(2))
+    return dout, {"forward": lf, "reverse": lr, "bidirectional": (lf, lr)}[direction]
+
+
+def grads(fn, x, dtypes, dout, dlast, direction, softplus, compute):
+    """(gradients of the present operands in NAMES order, the jitted function's HLO)."""
+    present = [k for k in NAMES if x[k] is not None]
+    cast = (lambda k, v: jnp.asarray(v, dtypes[k])) if compute is None else \
+        (lambda k, v: jnp.asarray(v, compute))
+    args = [cast(k, x[k]) for k in present]
+    out_dt = dtypes["u"] if compute is None else compute
+    last_dt = np.float32 if compute is None else compute
+    ct_out = jnp.asarray(dout, out_dt)
+    ct_last = None if dlast is None else jax.tree.map(lambda v: jnp.asarray(v, last_dt), dlast)
+
+    def f(*a):
+        kw = dict(zip(present, a))
+        return fn(**kw, delta_softplus=softplus, return_last_state=dlast is not None,
+                  direction=direction)
+
+    def pull(*a):
+        _, vjp = jax.vjp(f, *a)
+        return vjp(ct_out if ct_last is None else (ct_out, ct_last))
+
+    j = jax.jit(pull)
+    hlo = j.lower(*args).as_text() if compute is None else ""
+    return dict(zip(present, j(*args))), hlo
+
+
+def check(seed, direction, *, softplus=True, last=True, **kw):
+    x, dtypes = make(seed, **kw)
+    dout, dlast = cotangents(seed, x, direction, last, dtypes["u"])
+    got, hlo = grads(selective_scan, x, dtypes, dout, dlast, direction, softplus, None)
+    assert BWD in hlo, "the fused CPU backward kernel is not in the lowered program"
+    want, _ = grads(selective_scan_ref, x, dtypes, dout, dlast, direction, softplus, np.float64)
+    for k in got:
+        assert got[k].dtype == np.dtype(dtypes[k]), k
+        g, w = np.asarray(got[k], np.float64), np.asarray(want[k])
+        assert g.shape == w.shape, k
+        tol = TOL[np.dtype(dtypes[k])] * (3 if k in ("D", "delta_bias") else 1)
+        err = np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30)
+        assert err <= tol, f"d{k}: relative error {err:.3g} > {tol:g}"
+
+
+# Each option on and off in every direction; each layout on B and on C.
+COVER = [
+    dict(b_kind="variable", c_kind="variable"),
+    dict(b_kind="grouped", c_kind="invariant", D=False, z=False, h0=False, last=False),
+    dict(b_kind="invariant", c_kind="grouped", bias=False, softplus=False),
+    dict(b_kind="grouped", c_kind="variable", z=False, bias=False, h0=False),
+]
+
+
+@pytest.mark.parametrize("opts", range(len(COVER)))
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_gradients_match_float64_reference(direction, opts):
+    check(10 * opts + DIRECTIONS.index(direction), direction, **COVER[opts])
+
+
+def test_long_odd_sequence_n16():
+    # N = 16 (the register-state kernel), L neither a multiple of 16 nor short; both
+    # directions (bidirectional).
+    check(50, "bidirectional", batch=1, dim=19, dstate=16, length=173, groups=1,
+          b_kind="variable", c_kind="grouped")
+
+
+@pytest.mark.parametrize("act,state", [(jnp.bfloat16, jnp.bfloat16), (np.float16, np.float16),
+                                       (jnp.bfloat16, np.float32)])
+def test_16_bit_inputs(act, state):
+    check(60, "bidirectional", act=act, state=state, dim=8, length=21, dstate=4, groups=2,
+          b_kind="grouped", c_kind="variable")
+
+
+def test_bitwise_reproducible_and_eager_grad_uses_the_kernel():
+    x, dtypes = make(70, batch=3, dim=40, dstate=16, length=129, groups=2, b_kind="grouped")
+    args = {k: jnp.asarray(v, dtypes[k]) for k, v in x.items()}
+    loss = lambda a: jnp.sum(jnp.sin(selective_scan(**a, delta_softplus=True,
+                                                    direction="bidirectional")))
+    g1 = jax.jit(jax.grad(loss))(args)
+    g2 = jax.jit(jax.grad(loss))(args)
+    g3 = jax.grad(loss)(args)  # eager: the bwd primitive's impl runs the kernel too
+    for k in g1:
+        np.testing.assert_array_equal(g1[k], g2[k])
+        np.testing.assert_array_equal(g1[k], g3[k])
+
+
+def test_vmap_of_grad_and_float64_fallback():
+    x, dtypes = make(80, dim=8, dstate=4, length=11)
+    args = {k: jnp.asarray(v, dtypes[k]) for k, v in x.items()}
+    loss = lambda a: jnp.sum(selective_scan(**a, delta_softplus=True) ** 2)
+    stacked = jax.tree.map(lambda v: jnp.stack([v, 2 * v]), args)
+    vg = jax.jit(jax.vmap(jax.grad(loss)))
+    assert BWD in vg.lower(stacked).as_text()
+    got = vg(stacked)
+    for i in range(2):
+        one = jax.jit(jax.grad(loss))(jax.tree.map(lambda v: v[i], stacked))
+        for k in one:
+            np.testing.assert_allclose(got[k][i], one[k], rtol=1e-5,
+                                       atol=1e-5 * float(np.max(np.abs(one[k]))))
+    args64 = jax.tree.map(lambda v: v.astype(jnp.float64), args)
+    text = jax.jit(jax.grad(loss)).lower(args64).as_text()
+    assert BWD not in text  # float64: the pure-JAX VJP
+
+
+SWEEP = os.environ.get("JAX_SELSCAN_BWD_SWEEP") == "1"
+
+
+@pytest.mark.skipif(not SWEEP, reason="full option sweep: set JAX_SELSCAN_BWD_SWEEP=1")
+@pytest.mark.parametrize("combo", list(itertools.product(
+    DIRECTIONS, LAYOUTS, LAYOUTS, *([(False, True)] * 5))) if SWEEP else [None])
+def test_sweep_every_option(combo):
+    direction, bk, ck, D, z, bias, h0, last = combo
+    check(zlib.crc32(repr(combo).encode()) % 10000, direction, b_kind=bk, c_kind=ck, D=D, z=z, bias=bias,
+          softplus=bias, h0=h0, last=last, dim=6, length=13, dstate=3, groups=2)
