@@ -11,7 +11,11 @@ delta_bias with softplus). Times are medians of `repeats` runs after one warm-up
                                               lax.scan over L carrying the (batch, D, N)
                                               state, nothing of size L*N materialised
   selective_scan_ref forward                  the materialised reference (associative scan)
-The last two run only where they finish in reasonable time (see SKIP below).
+  kernel fwd + bwd                            jax.vjp of selective_scan w.r.t. all eight inputs
+                                              (ones as the cotangent): the fused forward and
+                                              the fused CPU backward kernel
+  lax.scan fwd + bwd                          the same through the lax.scan formulation
+The lax.scan and reference rows run only where they finish in reasonable time.
 Also runs the SISO C++ benchmark (cpu_arm/tests/bench_selective_siso.cc) when
 a compiler is available. Writes <out>.json and <out>.md.
 """
@@ -80,6 +84,14 @@ def timeit(fn, x, repeats):
     return statistics.median(ts) * 1e3, ts
 
 
+def fwd_bwd(f):
+    """jit of x -> gradients of f(**x) w.r.t. every array in x (cotangent: ones)."""
+    def g(x):
+        out, vjp = jax.vjp(lambda x: f(**x), x)
+        return vjp(jnp.ones_like(out))
+    return jax.jit(g)
+
+
 def kernel(direction):
     return jax.jit(lambda x: selective_scan(**x, delta_softplus=True, direction=direction))
 
@@ -138,6 +150,10 @@ def main():
         r["lax_scan_forward_ms"], _ = timeit(jax.jit(lambda x: lax_scan_forward(**x)), x,
                                              1 if big else 3)
         r["speedup_vs_lax_scan"] = r["lax_scan_forward_ms"] / r["kernel_forward_ms"]
+        r["kernel_fwd_bwd_ms"], r["kernel_fwd_bwd_runs"] = timeit(
+            fwd_bwd(lambda **a: selective_scan(**a, delta_softplus=True)), x, reps)
+        r["lax_scan_fwd_bwd_ms"], _ = timeit(fwd_bwd(lax_scan_forward), x, 1 if big else 3)
+        r["fwd_bwd_speedup_vs_lax_scan"] = r["lax_scan_fwd_bwd_ms"] / r["kernel_fwd_bwd_ms"]
         if shape[0] * shape[1] * shape[2] * shape[3] <= 2**26:
             ref = jax.jit(lambda x: selective_scan_ref(**x, delta_softplus=True))
             r["ref_forward_ms"], _ = timeit(ref, x, 2)
@@ -181,8 +197,9 @@ def markdown(res):
            f"- command: `{m['command']}`\n- {m['note']}; float32; B, C (batch, N, L); D, z, "
            f"delta_bias, softplus\n",
            "| batch, D, L, N | fwd ms | rev ms | bidi (fused) ms | fwd + rev (2 calls) ms | fused speed-up "
-           "| lax.scan fwd ms | kernel vs lax.scan | ref fwd ms | kernel vs ref |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| lax.scan fwd ms | kernel vs lax.scan | ref fwd ms | kernel vs ref "
+           "| kernel fwd+bwd ms | lax.scan fwd+bwd ms | fwd+bwd vs lax.scan |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         s = r["shape"]
         ref = "not run" if r["ref_forward_ms"] is None else f"{r['ref_forward_ms']:.0f}"
@@ -190,7 +207,9 @@ def markdown(res):
         out.append(f"| {s['batch']}, {s['D']}, {s['L']}, {s['N']} | {r['kernel_forward_ms']:.1f} | "
                    f"{r['kernel_reverse_ms']:.1f} | {r['kernel_bidirectional_ms']:.1f} | "
                    f"{r['kernel_two_calls_ms']:.1f} | {r['fused_speedup_vs_two_calls']:.2f}x | "
-                   f"{r['lax_scan_forward_ms']:.0f} | {r['speedup_vs_lax_scan']:.1f}x | {ref} | {sp} |")
+                   f"{r['lax_scan_forward_ms']:.0f} | {r['speedup_vs_lax_scan']:.1f}x | {ref} | {sp} | "
+                   f"{r['kernel_fwd_bwd_ms']:.1f} | {r['lax_scan_fwd_bwd_ms']:.0f} | "
+                   f"{r['fwd_bwd_speedup_vs_lax_scan']:.1f}x |")
     if res.get("siso"):
         s = res["siso"]
         out.append(f"\nSISO (batch 1, D 1, N 1, L = {s['length']}), one core: scalar C++ loop "
