@@ -15,17 +15,21 @@
 //          du += sum_n gi delta B                  dB[t] += gi delta u    dC[t] += dy h[t]
 //          g   = dA gi                             (the adjoint of h[t-1])
 //      g after the first step is dL/dh0.
-//   3. per block: du += k D dy, ddelta (raw) = ddelta * sigmoid(delta + bias) with
-//      softplus, dz = dout (y_f + y_r + k D u) silu'(z), dD = k sum dy u (k = 2 for
-//      bidirectional), written out as float32.
+//   3. at the end of each block of the call's last direction: du += k D dy, ddelta
+//      (raw) = ddelta * sigmoid(delta + bias) with softplus, dz = dout (y_f + y_r +
+//      k D u) silu'(z), dD = k sum dy u (k = 2 for bidirectional), written out as
+//      float32 (bidirectional: the reverse half leaves its du / ddelta / y sums in
+//      [L][lanes] buffers for the forward half to add).
 // Gradients summed over channels (dB, dC when they vary with t) are summed over
 // the task's lanes by a register transpose per step, into the task's own partial
 // [L][N]; gradients summed over batch and time (dA, dD, ddelta_bias, invariant B /
 // C) go to per-task [N][lanes] / [lanes] partials. The driver adds the partials in
-// task order, so results do not depend on the thread count or schedule.
-// Work per (t, n): three exp2 of the forward's kind (sweep, recompute), ~35 vector
-// ops in all; memory: the inputs are read three times (sweep, recompute, final
-// pass), each gradient written once; nothing of size L * N per channel is stored.
+// task order, so results do not depend on the thread count or schedule. Varying
+// dB / dC partials are per slab (a fixed run of the group's tiles, the tasks of a
+// slab run in order on one thread, accumulating): memory slabs * L * N, not tasks * L * N.
+// Work per (t, n): two exp2 of the forward's kind (sweep, recompute), ~60 vector
+// ops in all; memory: delta, u and B are read twice (sweep, walk), C, dout and z
+// once, each gradient written once; nothing of size L * N per channel is stored.
 #pragma once
 
 #include <cstring>
@@ -52,8 +56,10 @@ struct BCtx {
   float *Dv, *biasv;                  // [W] (Dv = k * D)
   float *ckpt;                        // [nblocks][N][W]
   float *E, *H;                       // [W][N][W]
-  float *ysum, *dub, *ddt;            // [L][W]
-  float *dl, *uu, *dy, *tmp, *tmp2;   // [W][W]
+  float *ysum, *dub, *ddt;            // [L][W] (bidirectional: the reverse half's sums)
+  float *dl, *uu, *dy, *zb, *dout;    // [W][W] block rows (transposed: [step][lane])
+  float *sg, *bdu, *bdd, *by;         // [W][W] sigmoid(delta + bias); the block's sums
+  VF accD, accBias;                   // dD / ddelta_bias partial sums (per lane)
   float *redB, *redC;                 // [NP][W] (rows >= N stay zero)
   float dk;                           // k: 2 for bidirectional, else 1
   float dmax;
@@ -83,6 +89,7 @@ JSS_INLINE void prepare(const BCtx& c, int64_t t0, int nt) {
     for (int tb = 0; tb < W; ++tb) {
       VF d = simd::load(c.dl + tb * W);
       if (p.delta_bias != nullptr) d = simd::add(d, bias);
+      if (WALK && p.delta_softplus) simd::store(c.sg + tb * W, simd::sigmoid(d));
       if (p.delta_softplus) d = simd::softplus(d);
       simd::store(c.dl + tb * W, d);
     }
@@ -90,11 +97,13 @@ JSS_INLINE void prepare(const BCtx& c, int64_t t0, int nt) {
   if (BVAR) block_rows(c, p.B, p.B_t, c.bbase, t0, nt, c.Bb);
   if (WALK) {
     if (CVAR) block_rows(c, p.C, p.C_t, c.cbase, t0, nt, c.Cb);
-    ss::gather_block(c.q->dout, c.q->dout_t, c.row0, c.L, c.nch, t0, nt, c.dy);
+    ss::gather_block(c.q->dout, c.q->dout_t, c.row0, c.L, c.nch, t0, nt, c.dout);
     if (p.z != nullptr) {
-      ss::gather_block(p.z, p.z_t, c.row0, c.L, c.nch, t0, nt, c.tmp);
+      ss::gather_block(p.z, p.z_t, c.row0, c.L, c.nch, t0, nt, c.zb);
       for (int tb = 0; tb < W; ++tb)
-        simd::store(c.dy + tb * W, simd::mul(simd::load(c.dy + tb * W), simd::silu(simd::load(c.tmp + tb * W))));
+        simd::store(c.dy + tb * W, simd::mul(simd::load(c.dout + tb * W), simd::silu(simd::load(c.zb + tb * W))));
+    } else {
+      std::memcpy(c.dy, c.dout, sizeof(float) * W * W);
     }
   }
 }
@@ -171,8 +180,58 @@ void sweep(const BCtx& c, bool rev) {
 }
 
 // 2. Blocks in reverse scan order: recompute, then the adjoint walk.
+// The block's du, ddelta, dz: with `final` (the call's last direction) finished and
+// written out (adding the first half's sums when bidirectional), else kept in the
+// [L][W] sums for the other direction.
+inline void block_out(BCtx& c, int64_t t0, int nt, bool final, bool bidi) {
+  const SsParams& p = *c.p;
+  const SsBwdParams& q = *c.q;
+  if (!final) {
+    for (int tb = 0; tb < nt; ++tb) {
+      const int64_t tt = t0 + tb;
+      simd::store(c.dub + tt * W, simd::load(c.bdu + tb * W));
+      simd::store(c.ddt + tt * W, simd::load(c.bdd + tb * W));
+      if (p.z != nullptr) simd::store(c.ysum + tt * W, simd::load(c.by + tb * W));
+    }
+    return;
+  }
+  // Two-level sums (per block, then over blocks): error ~ (W + L / W) eps, not L eps.
+  VF blkD = simd::broadcast(0.0f), blkBias = simd::broadcast(0.0f);
+  const VF dv = simd::load(c.Dv);
+  for (int tb = 0; tb < nt; ++tb) {
+    const int64_t tt = t0 + tb;
+    const VF dyv = simd::load(c.dy + tb * W);
+    const VF uv = simd::load(c.uu + tb * W);
+    VF du = simd::load(c.bdu + tb * W), dd = simd::load(c.bdd + tb * W);
+    if (bidi) {
+      du = simd::add(du, simd::load(c.dub + tt * W));
+      dd = simd::add(dd, simd::load(c.ddt + tt * W));
+    }
+    if (p.z != nullptr) {
+      const VF zv = simd::load(c.zb + tb * W);
+      const VF s = simd::sigmoid(zv);
+      // silu'(z) = s (1 + z (1 - s))
+      const VF ds = simd::mul(s, simd::fma(zv, simd::sub(simd::broadcast(1.0f), s), simd::broadcast(1.0f)));
+      VF y = simd::load(c.by + tb * W);
+      if (bidi) y = simd::add(y, simd::load(c.ysum + tt * W));
+      simd::store(c.by + tb * W, simd::mul(simd::mul(simd::load(c.dout + tb * W), ds), simd::fma(dv, uv, y)));
+    }
+    blkD = simd::fma(dyv, uv, blkD);
+    simd::store(c.bdu + tb * W, simd::fma(dv, dyv, du));
+    if (p.delta_softplus) dd = simd::mul(dd, simd::load(c.sg + tb * W));
+    blkBias = simd::add(blkBias, dd);
+    simd::store(c.bdd + tb * W, dd);
+  }
+  c.accD = simd::add(c.accD, blkD);
+  c.accBias = simd::add(c.accBias, blkBias);
+  ss::scatter_block(q.du, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.bdu);
+  ss::scatter_block(q.ddelta, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.bdd);
+  if (q.dz != nullptr) ss::scatter_block(q.dz, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.by);
+}
+
 template <int NS, bool BVAR, bool CVAR>
-void walk(const BCtx& c, const SsBwdTask& t, bool rev, const float* dlast) {
+void walk(BCtx& c, const SsBwdTask& t, bool rev, const float* dlast, bool final) {
+  const bool bidi = c.p->direction == SsDirection::kBidirectional;
   const SsParams& p = *c.p;
   const int64_t N = NS > 0 ? NS : c.N;
   const bool want_y = p.z != nullptr;
@@ -225,10 +284,7 @@ void walk(const BCtx& c, const SsBwdTask& t, bool rev, const float* dlast) {
         } else {
           for (int64_t n = 0; n < N; ++n) simd::store(c.hs + n * W, step(n, simd::load(c.hs + n * W)));
         }
-        if (want_y) {
-          float* ys = c.ysum + (t0 + tb) * W;
-          simd::store(ys, simd::add(simd::load(ys), y));
-        }
+        if (want_y) simd::store(c.by + tb * W, y);
       }
     }
     // The adjoint, steps in reverse scan order.
@@ -266,11 +322,12 @@ void walk(const BCtx& c, const SsBwdTask& t, bool rev, const float* dlast) {
         for (int64_t n = 0; n < N; ++n) simd::store(c.g + n * W, step(n, simd::load(c.g + n * W)));
       }
       const int64_t tt = t0 + tb;
-      simd::store(c.dub + tt * W, simd::add(simd::load(c.dub + tt * W), dus));
-      simd::store(c.ddt + tt * W, simd::add(simd::load(c.ddt + tt * W), dd));
+      simd::store(c.bdu + tb * W, dus);
+      simd::store(c.bdd + tb * W, dd);
       if (BVAR) lane_sums(c, c.redB, t.pB + tt * N);
       if (CVAR) lane_sums(c, c.redC, t.pC + tt * N);
     }
+    block_out(c, t0, nt, final, bidi);
   }
   if constexpr (NS > 0) {
     JSS_UNROLL
@@ -279,66 +336,16 @@ void walk(const BCtx& c, const SsBwdTask& t, bool rev, const float* dlast) {
   for (int64_t i = 0; i < N * W; ++i) c.gh0[i] += c.g[i];
 }
 
-// 3. du, ddelta, dz of the task's channels; dD and ddelta_bias partials.
-inline void finish(const BCtx& c, const SsBwdTask& t) {
-  const SsParams& p = *c.p;
-  const SsBwdParams& q = *c.q;
-  VF accD = simd::broadcast(0.0f), accBias = simd::broadcast(0.0f);
-  const VF dv = simd::load(c.Dv), bias = simd::load(c.biasv);
-  for (int64_t blk = 0; blk < c.nblocks; ++blk) {
-    const int64_t t0 = blk * W;
-    const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
-    ss::gather_block(p.delta, p.delta_t, c.row0, c.L, c.nch, t0, nt, c.dl);
-    ss::gather_block(p.u, p.u_t, c.row0, c.L, c.nch, t0, nt, c.uu);
-    ss::gather_block(q.dout, q.dout_t, c.row0, c.L, c.nch, t0, nt, c.tmp);
-    if (p.z != nullptr) ss::gather_block(p.z, p.z_t, c.row0, c.L, c.nch, t0, nt, c.tmp2);
-    // Two-level sums (per block, then over blocks): error ~ (W + L / W) eps, not L eps.
-    VF blkD = simd::broadcast(0.0f), blkBias = simd::broadcast(0.0f);
-    for (int tb = 0; tb < nt; ++tb) {
-      const int64_t tt = t0 + tb;
-      const VF dout = simd::load(c.tmp + tb * W);
-      const VF uv = simd::load(c.uu + tb * W);
-      VF dyv = dout;
-      if (p.z != nullptr) {
-        const VF zv = simd::load(c.tmp2 + tb * W);
-        const VF s = simd::sigmoid(zv);
-        dyv = simd::mul(dout, simd::mul(zv, s));
-        // silu'(z) = s (1 + z (1 - s))
-        const VF ds = simd::mul(s, simd::fma(zv, simd::sub(simd::broadcast(1.0f), s), simd::broadcast(1.0f)));
-        const VF ytot = simd::fma(dv, uv, simd::load(c.ysum + tt * W));
-        simd::store(c.tmp2 + tb * W, simd::mul(simd::mul(dout, ds), ytot));
-      }
-      blkD = simd::fma(dyv, uv, blkD);
-      simd::store(c.uu + tb * W, simd::fma(dv, dyv, simd::load(c.dub + tt * W)));
-      VF ddv = simd::load(c.ddt + tt * W);
-      if (p.delta_softplus) {
-        VF raw = simd::load(c.dl + tb * W);
-        if (p.delta_bias != nullptr) raw = simd::add(raw, bias);
-        ddv = simd::mul(ddv, simd::sigmoid(raw));
-      }
-      blkBias = simd::add(blkBias, ddv);
-      simd::store(c.dl + tb * W, ddv);
-    }
-    accD = simd::add(accD, blkD);
-    accBias = simd::add(accBias, blkBias);
-    ss::scatter_block(q.du, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.uu);
-    ss::scatter_block(q.ddelta, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.dl);
-    if (q.dz != nullptr) ss::scatter_block(q.dz, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.tmp2);
-  }
-  simd::store(t.pD, simd::mul(accD, simd::broadcast(c.dk)));
-  simd::store(t.pbias, accBias);
-}
-
 template <int NS, bool BVAR, bool CVAR>
-void run_dirs(const BCtx& c, const SsBwdTask& t) {
+void run_dirs(BCtx& c, const SsBwdTask& t) {
   const SsParams& p = *c.p;
   if (p.direction != SsDirection::kForward) {
     sweep<NS, BVAR>(c, true);
-    walk<NS, BVAR, CVAR>(c, t, true, c.q->dlast_rev);
+    walk<NS, BVAR, CVAR>(c, t, true, c.q->dlast_rev, p.direction == SsDirection::kReverse);
   }
   if (p.direction != SsDirection::kReverse) {
     sweep<NS, BVAR>(c, false);
-    walk<NS, BVAR, CVAR>(c, t, false, c.q->dlast_fwd);
+    walk<NS, BVAR, CVAR>(c, t, false, c.q->dlast_fwd, true);
   }
 }
 
@@ -366,8 +373,16 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
   c.Dv = take(W); c.biasv = take(W);
   c.ckpt = take(c.nblocks * NW);
   c.E = take(W * NW); c.H = take(W * NW);
-  c.ysum = take(c.L * W); c.dub = take(c.L * W); c.ddt = take(c.L * W);
-  c.dl = take(W * W); c.uu = take(W * W); c.dy = take(W * W); c.tmp = take(W * W); c.tmp2 = take(W * W);
+  const bool bidi = p.direction == SsDirection::kBidirectional;
+  if (bidi) {
+    c.ysum = take(c.L * W); c.dub = take(c.L * W); c.ddt = take(c.L * W);
+  } else {
+    c.ysum = c.dub = c.ddt = nullptr;
+  }
+  c.dl = take(W * W); c.uu = take(W * W); c.dy = take(W * W); c.zb = take(W * W); c.dout = take(W * W);
+  c.sg = take(W * W); c.bdu = take(W * W); c.bdd = take(W * W); c.by = take(W * W);
+  c.accD = simd::broadcast(0.0f);
+  c.accBias = simd::broadcast(0.0f);
   c.redB = take(c.NP * W); c.redC = take(c.NP * W);
   c.dk = p.direction == SsDirection::kBidirectional ? 2.0f : 1.0f;
   for (int r = 0; r < W; ++r) {
@@ -392,17 +407,15 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
   for (float* z : {c.accA, c.accB, c.accC, c.gh0}) std::memset(z, 0, sizeof(float) * NW);
   std::memset(c.redB, 0, sizeof(float) * c.NP * W);
   std::memset(c.redC, 0, sizeof(float) * c.NP * W);
-  std::memset(c.ysum, 0, sizeof(float) * c.L * W);
-  std::memset(c.dub, 0, sizeof(float) * c.L * W);
-  std::memset(c.ddt, 0, sizeof(float) * c.L * W);
-  if (p.b_var) std::memset(t.pB, 0, sizeof(float) * c.L * c.N);
-  if (p.c_var) std::memset(t.pC, 0, sizeof(float) * c.L * c.N);
+  if (p.b_var && !t.accumulate) std::memset(t.pB, 0, sizeof(float) * c.L * c.N);
+  if (p.c_var && !t.accumulate) std::memset(t.pC, 0, sizeof(float) * c.L * c.N);
   const bool n16 = c.N == 16;
   if (p.b_var && p.c_var) n16 ? run_dirs<16, true, true>(c, t) : run_dirs<0, true, true>(c, t);
   else if (p.b_var) n16 ? run_dirs<16, true, false>(c, t) : run_dirs<0, true, false>(c, t);
   else if (p.c_var) n16 ? run_dirs<16, false, true>(c, t) : run_dirs<0, false, true>(c, t);
   else n16 ? run_dirs<16, false, false>(c, t) : run_dirs<0, false, false>(c, t);
-  finish(c, t);
+  simd::store(t.pD, simd::mul(c.accD, simd::broadcast(c.dk)));
+  simd::store(t.pbias, c.accBias);
   std::memcpy(t.pA, c.accA, sizeof(float) * NW);
   if (!p.b_var) std::memcpy(t.pB, c.accB, sizeof(float) * NW);
   if (!p.c_var) std::memcpy(t.pC, c.accC, sizeof(float) * NW);

@@ -32,12 +32,14 @@ struct SsBwdParams {
 // = channel d0 + r), which the driver adds up in a fixed order:
 //   pA [dstate][lanes];  pD, pbias [lanes];
 //   pB: [length][dstate] summed over the task's channels when B varies (b_var),
+//       added to what is there when `accumulate` (the tasks of one slab share it),
 //       else [dstate][lanes]; pC likewise.
 // `work` holds ss_bwd_work_floats(...) floats, 64-byte aligned.
 struct SsBwdTask {
   int64_t b, d0, nch;
   float* work;
   float *pA, *pB, *pC, *pD, *pbias;
+  int32_t accumulate;
 };
 
 struct SsBwdTable {

@@ -90,27 +90,44 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
     t.nch = std::min<int64_t>(lanes, per_group - k * lanes);
   };
   const int64_t NW = N * lanes;
+  // Slabs: a group's tiles cut into at most kSsBwdSlabs runs (fixed, independent of the
+  // threads); one work item = the tiles of one slab, in order, summing the varying
+  // dB / dC into the slab's [L][N] partial. Per-channel partials stay per task.
+  const int64_t slabs = std::min(tiles_per_group, kSsBwdSlabs);
+  const int64_t items = batch * groups * slabs;
+  const bool var = p.b_var || p.c_var;
   const int64_t pb_floats = p.b_var ? L * N : NW, pc_floats = p.c_var ? L * N : NW;
-  Buffer pA = alloc_floats(tasks * NW), pB = alloc_floats(tasks * pb_floats),
-         pC = alloc_floats(tasks * pc_floats), pD = alloc_floats(tasks * lanes),
+  const int64_t pb_count = p.b_var ? items : tasks, pc_count = p.c_var ? items : tasks;
+  Buffer pA = alloc_floats(tasks * NW), pB = alloc_floats(pb_count * pb_floats),
+         pC = alloc_floats(pc_count * pc_floats), pD = alloc_floats(tasks * lanes),
          pbias = alloc_floats(tasks * lanes);
   const int64_t work_floats = ss_bwd_work_floats(lanes, N, L);
   const int64_t cost = batch * Dm * L * std::max<int64_t>(N, 1);
   const int64_t threads = cost < (int64_t(1) << 16) ? 1 : executor.num_threads();
-  const int64_t workers = std::min<int64_t>(threads, tasks);
+  const int64_t workers = std::min<int64_t>(threads, var ? items : tasks);
   std::atomic<int64_t> next{0};
+  auto run_task = [&](int64_t i, int64_t item, bool accumulate, float* work) {
+    SsBwdTask t{};
+    task_at(i, t);
+    t.work = work;
+    t.pA = pA.get() + i * NW;
+    t.pB = pB.get() + (p.b_var ? item : i) * pb_floats;
+    t.pC = pC.get() + (p.c_var ? item : i) * pc_floats;
+    t.pD = pD.get() + i * lanes;
+    t.pbias = pbias.get() + i * lanes;
+    t.accumulate = accumulate ? 1 : 0;
+    table.run(q, t);
+  };
   auto worker = [&](int64_t) {
     Buffer work = alloc_floats(work_floats);
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
-      SsBwdTask t{};
-      task_at(i, t);
-      t.work = work.get();
-      t.pA = pA.get() + i * NW;
-      t.pB = pB.get() + i * pb_floats;
-      t.pC = pC.get() + i * pc_floats;
-      t.pD = pD.get() + i * lanes;
-      t.pbias = pbias.get() + i * lanes;
-      table.run(q, t);
+    if (!var) {
+      for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) run_task(i, 0, false, work.get());
+      return;
+    }
+    for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t bg = it / slabs, s = it % slabs;  // bg = b * groups + g
+      const int64_t k0 = s * tiles_per_group / slabs, k1 = (s + 1) * tiles_per_group / slabs;
+      for (int64_t k = k0; k < k1; ++k) run_task(bg * tiles_per_group + k, it, k > k0, work.get());
     }
   };
   if (workers <= 1) worker(0);
@@ -147,9 +164,9 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
       std::vector<float> acc((t1 - t0) * N, 0.0f);
       for (int64_t gi = 0; gi < groups; ++gi) {
         if ((gi * per_group) / per != g) continue;  // a gcd-group lies inside one B/C group
-        for (int64_t k = 0; k < tiles_per_group; ++k) {
-          const int64_t i = (b * groups + gi) * tiles_per_group + k;
-          const float* src = part + i * L * N + t0 * N;
+        for (int64_t s = 0; s < slabs; ++s) {
+          const int64_t it = (b * groups + gi) * slabs + s;
+          const float* src = part + it * L * N + t0 * N;
           for (int64_t j = 0; j < (t1 - t0) * N; ++j) acc[j] += src[j];
         }
       }

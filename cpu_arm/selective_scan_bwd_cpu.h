@@ -24,4 +24,8 @@ const SsBwdTable* select_ss_bwd_table(std::string* error);
 // The tile size depends on the ISA (lanes), so different ISAs differ by rounding.
 void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Executor& executor);
 
+// Slabs per group (varying B / C): work items and [L][N] partials per (batch row,
+// group); fixed so that results do not depend on the threads.
+constexpr int64_t kSsBwdSlabs = 32;
+
 }  // namespace jax_selscan

@@ -13,8 +13,9 @@ validated call through the ``selective_scan_p`` primitive
 (cpu_arm/selective_scan.h on CPU, cuda/selective_scan_kernels.cuh on GPU), otherwise
 ``_compute_jax``, where the (batch, D, N, L) tensors are materialised and the
 recurrence runs through the package's ``linear_scan`` along L. Derivatives: a custom
-JVP whose tangent map is a primitive; reverse mode transposes it into the fused CUDA
-backward kernel on GPU and into the VJP of ``_compute_jax`` elsewhere.
+JVP whose tangent map is a primitive; reverse mode transposes it into the fused
+backward kernels on GPU and CPU (cpu_arm/selective_scan_bwd.h) and into the VJP of
+``_compute_jax`` elsewhere (float64, no kernel).
 """
 from __future__ import annotations
 
@@ -264,7 +265,7 @@ def _scan_kernel(u, delta, A, B, C, D, z, delta_bias, h0, delta_softplus, return
 def _scan_kernel_jvp(delta_softplus, return_last_state, direction, primals, tangents):
     # The tangent map is the primitive selective_scan_lin_p (selective_scan_primitives.py):
     # evaluated by the pure-JAX JVP in forward mode, and transposed in reverse mode into
-    # selective_scan_bwd_p, the fused backward kernel on GPU.
+    # selective_scan_bwd_p, the fused backward kernel on GPU and CPU.
     params = dict(delta_softplus=bool(delta_softplus), return_last_state=bool(return_last_state),
                   direction=direction)
     outs = primitives.selective_scan_bind(*primals, **params)

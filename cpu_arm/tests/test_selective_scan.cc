@@ -557,6 +557,9 @@ int main(int argc, char** argv) {
       {1, 1, 4, 3001, 1, 1, true, true, true, true, true, true, F, F, true},
       {1, 1, 1, 5003, 1, 1, true, true, true, true, true, true, F, F, true},
       {2, 1, 1, 2500, 1, 1, true, true, true, true, true, true, H, H, true},
+      // Many channels per group: more tiles than the backward's slabs (several tiles
+      // summing into one dB / dC partial).
+      {1, 600, 4, 37, 1, 1, true, true, true, true, true, true, F, F},
   };
   if (!quick) {
     cases.push_back({2, 96, 16, 1023, 1, 1, true, true, true, true, true, true, F, F});
