@@ -57,9 +57,12 @@ from jax_selscan import selective_scan, selective_scan_ref
 SHAPES = [(8, 1536, 2048, 16), (8, 2560, 4096, 16), (1, 5120, 16384, 16), (64, 768, 512, 16)]
 MEMORY_SHAPE = (8, 1536, 2048, 16)
 ARG_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
-IMPLS = ("ours", "ours_tiles", "mamba", "ref")
-# ours_tiles: the same jitted calls with JAX_SELSCAN_SS_FWD=tiles (the round-2 CUDA forward
-# kernel; the variable is read by the extension at every launch).
+IMPLS = ("ours", "ours_rows", "ours_tiles", "mamba", "ref")
+# ours = the default forward kernel (round 3, "staged"); ours_rows / ours_tiles: the same
+# jitted calls with JAX_SELSCAN_SS_FWD=rows (round 1) or tiles (round 2); the variable is read
+# by the extension at every launch.
+VARIANTS = {"ours_rows": "rows", "ours_tiles": "tiles"}
+OURS = ("ours",) + tuple(VARIANTS)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -204,9 +207,12 @@ def custom_calls(lowered):
 def timed(call, sync, reps, warmup, budget_s):
     """Median wall-clock seconds of `call()` followed by `sync(result)`.
 
-    Returns (median, times, first_result, last_result). The first (warm-up) call's time
-    sets the number of timed repeats: at most `reps`, at least 3, about `budget_s` in all;
-    a first call slower than 0.25 s counts as the whole warm-up.
+    Returns (median, times, first_result, last_result, pipelined). The first (warm-up)
+    call's time sets the number of timed repeats: at most `reps`, at least 3, about
+    `budget_s` in all; a first call slower than 0.25 s counts as the whole warm-up.
+    `pipelined`: the same number of calls issued back to back with one sync at the end,
+    per call: the device time when dispatch overlaps the previous call (JAX's ~80 us and
+    torch's launch overheads hide behind the kernels).
     """
     t0 = time.perf_counter()
     first = call()
@@ -222,7 +228,13 @@ def timed(call, sync, reps, warmup, budget_s):
         last = call()
         sync(last)
         times.append(time.perf_counter() - t0)
-    return median(times), times, first, last
+    t0 = time.perf_counter()
+    for _ in range(n):
+        res = call()
+    sync(res)
+    pipelined = (time.perf_counter() - t0) / n
+    res = None
+    return median(times), times, first, last, pipelined
 
 
 def jax_sync(x):
@@ -355,9 +367,9 @@ def bench_jax_impl(fn, jargs, jg, rec, opts, guard, keep):
         compiled = lowered.compile()
         rec["fwd_compile_s"] = time.perf_counter() - t0
         rec["fwd_memory"] = memory_stats(compiled)
-        t, ts, first, out = timed(lambda: compiled(*jargs), jax_sync, opts.reps, opts.warmup,
-                                  min(budget, max(guard.left(), 0.5)))
-        rec["fwd_s"], rec["fwd_times_s"] = t, ts
+        t, ts, first, out, pipe = timed(lambda: compiled(*jargs), jax_sync, opts.reps, opts.warmup,
+                                        min(budget, max(guard.left(), 0.5)))
+        rec["fwd_s"], rec["fwd_times_s"], rec["fwd_pipe_s"] = t, ts, pipe
         first = compiled = None  # free (the lambdas above capture these names)
     except Exception as e:
         rec["fwd_error"] = err_str(e)
@@ -374,9 +386,9 @@ def bench_jax_impl(fn, jargs, jg, rec, opts, guard, keep):
         compiled = lowered.compile()
         rec["fwdbwd_compile_s"] = time.perf_counter() - t0
         rec["fwdbwd_memory"] = memory_stats(compiled)
-        t, ts, first, last = timed(lambda: compiled(*jargs, jg), jax_sync, opts.reps, opts.warmup,
-                                   min(budget, max(guard.left(), 0.5)))
-        rec["fwdbwd_s"], rec["fwdbwd_times_s"] = t, ts
+        t, ts, first, last, pipe = timed(lambda: compiled(*jargs, jg), jax_sync, opts.reps, opts.warmup,
+                                         min(budget, max(guard.left(), 0.5)))
+        rec["fwdbwd_s"], rec["fwdbwd_times_s"], rec["fwdbwd_pipe_s"] = t, ts, pipe
         rec["deterministic"] = jax_bitwise_equal(first[1], last[1]) and jax_bitwise_equal([first[0]], [last[0]])
         grads = last[1]
         first = last = compiled = None
@@ -404,9 +416,9 @@ def bench_mamba(torch, mamba_ref, device, nargs, ng, rec, opts, guard):
     out_np = grads_np = None
     try:
         with torch.no_grad():
-            t, ts, first, out = timed(lambda: fn(*targs, delta_softplus=True), lambda r: sync(),
-                                      opts.reps, opts.warmup, min(opts.measure_budget, max(guard.left(), 0.5)))
-        rec["fwd_s"], rec["fwd_times_s"] = t, ts
+            t, ts, first, out, pipe = timed(lambda: fn(*targs, delta_softplus=True), lambda r: sync(),
+                                            opts.reps, opts.warmup, min(opts.measure_budget, max(guard.left(), 0.5)))
+        rec["fwd_s"], rec["fwd_times_s"], rec["fwd_pipe_s"] = t, ts, pipe
         out_np = to_numpy(out)
         first = out = None
     except Exception as e:
@@ -424,9 +436,9 @@ def bench_mamba(torch, mamba_ref, device, nargs, ng, rec, opts, guard):
         return [leaf.grad for leaf in leaves]
 
     try:
-        t, ts, first, last = timed(step, lambda r: sync(), opts.reps, opts.warmup,
-                                   min(opts.measure_budget, max(guard.left(), 0.5)))
-        rec["fwdbwd_s"], rec["fwdbwd_times_s"] = t, ts
+        t, ts, first, last, pipe = timed(step, lambda r: sync(), opts.reps, opts.warmup,
+                                         min(opts.measure_budget, max(guard.left(), 0.5)))
+        rec["fwdbwd_s"], rec["fwdbwd_times_s"], rec["fwdbwd_pipe_s"] = t, ts, pipe
         rec["deterministic"] = torch_bitwise_equal(torch, first, last)
         grads_np = [to_numpy(x) for x in last]
         first = last = None
@@ -475,12 +487,11 @@ def bench_shape(shape, dtype_name, opts, ctx, run_deadline):
         try:
             if impl == "ours":
                 outs[impl], grads[impl] = bench_jax_impl(selective_scan, jargs, jg, rec, opts, guard, "ours")
-            elif impl == "ours_tiles":
+            elif impl in VARIANTS:
                 old = os.environ.get("JAX_SELSCAN_SS_FWD")
-                os.environ["JAX_SELSCAN_SS_FWD"] = "tiles"
+                os.environ["JAX_SELSCAN_SS_FWD"] = VARIANTS[impl]
                 try:
-                    outs[impl], grads[impl] = bench_jax_impl(selective_scan, jargs, jg, rec, opts, guard,
-                                                             "ours_tiles")
+                    outs[impl], grads[impl] = bench_jax_impl(selective_scan, jargs, jg, rec, opts, guard, impl)
                 finally:
                     if old is None:
                         os.environ.pop("JAX_SELSCAN_SS_FWD", None)
@@ -517,7 +528,7 @@ def bench_shape(shape, dtype_name, opts, ctx, run_deadline):
             f32 = [a.astype(jnp.float32) for a in jargs]
             ref32 = jax.jit(lambda *a: selective_scan_ref(*a, delta_softplus=True))(*f32)
             del f32
-        for impl in ("ours", "ours_tiles", "mamba", "ref"):
+        for impl in OURS + ("mamba", "ref"):
             if ref32 is not None and outs.get(impl) is not None:
                 acc[f"{impl}_vs_ref_f32_fwd"] = rel_err(outs[impl], ref32)
         if outs.get("ours") is not None and outs.get("mamba") is not None:
@@ -532,13 +543,16 @@ def bench_shape(shape, dtype_name, opts, ctx, run_deadline):
         acc["error"] = err_str(e)
         traceback.print_exc()
 
-    for mine in ("ours", "ours_tiles"):
+    for mine in OURS:
         ours = entry["impls"].get(mine, {})
         for other in ("mamba", "ref"):
             o = entry["impls"].get(other, {})
             for stage in ("fwd", "fwdbwd"):
                 if ours.get(f"{stage}_s") and o.get(f"{stage}_s"):
                     entry["ratios"][f"{mine}_vs_{other}_{stage}"] = o[f"{stage}_s"] / ours[f"{stage}_s"]
+                if ours.get(f"{stage}_pipe_s") and o.get(f"{stage}_pipe_s"):
+                    entry["ratios"][f"{mine}_vs_{other}_{stage}_pipe"] = (o[f"{stage}_pipe_s"] /
+                                                                          ours[f"{stage}_pipe_s"])
     del jargs, jg, outs, grads, nargs, ng
     gc.collect()
     entry["seconds_spent"] = time.perf_counter() - t_start
@@ -586,10 +600,13 @@ def write_outputs(outdir, stem, meta, results):
     L.append("Times: medians of wall-clock times of synchronised single calls (warm-up first; repeats "
              f"up to {meta['reps']}). fwd+bwd = forward plus the backward for cotangent g (JAX: jit of vjp; "
              "torch: out.backward(g)). GB/s: bytes a fused forward must move (read u, delta, z, B, C; "
-             "write out) over the forward time. Ratios: the other's time over ours (> 1: ours faster).\n")
+             "write out) over the forward time. Ratios: the other's time over ours (> 1: ours faster). "
+             "pipelined: per-call time of the same number of calls issued back to back with one "
+             "sync at the end (dispatch overlapped with the previous call).\n")
     L.append("## Times\n")
-    L.append("| dtype | shape (b, D, L, N) | impl | fwd ms | fwd+bwd ms | fwd GB/s | of copy | deterministic | note |")
-    L.append("|---|---|---|---:|---:|---:|---:|---|---|")
+    L.append("| dtype | shape (b, D, L, N) | impl | fwd ms | fwd+bwd ms | fwd ms pipelined | "
+             "fwd+bwd ms pipelined | fwd GB/s | of copy | deterministic | note |")
+    L.append("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
     for e in results:
         for impl, r in e["impls"].items():
             note = r.get("error") or "; ".join(x for x in (r.get("fwd_error"), r.get("fwdbwd_error")) if x) or ""
@@ -598,15 +615,17 @@ def write_outputs(outdir, stem, meta, results):
             fc = f"{r['fwd_frac_copy']:.0%}" if r.get("fwd_frac_copy") else "-"
             det = {True: "yes", False: "NO"}.get(r.get("deterministic"), "-")
             L.append(f"| {e['dtype']} | {e['shape_name']} | {impl} | {fmt_ms(r.get('fwd_s'))} | "
-                     f"{fmt_ms(r.get('fwdbwd_s'))} | {gb} | {fc} | {det} | {note} |")
+                     f"{fmt_ms(r.get('fwdbwd_s'))} | {fmt_ms(r.get('fwd_pipe_s'))} | "
+                     f"{fmt_ms(r.get('fwdbwd_pipe_s'))} | {gb} | {fc} | {det} | {note} |")
     L.append("\n## Ratios (other's time / ours)\n")
-    L.append("| dtype | shape | vs mamba fwd | vs mamba fwd+bwd | vs ref fwd | vs ref fwd+bwd |")
-    L.append("|---|---|---:|---:|---:|---:|")
+    L.append("| dtype | shape | vs mamba fwd | vs mamba fwd+bwd | vs ref fwd | vs ref fwd+bwd | "
+             "pipelined: vs mamba fwd | vs mamba fwd+bwd | vs ref fwd | vs ref fwd+bwd |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for e in results:
         r = e["ratios"]
-        L.append(f"| {e['dtype']} | {e['shape_name']} | {fmt_x(r.get('ours_vs_mamba_fwd'))} | "
-                 f"{fmt_x(r.get('ours_vs_mamba_fwdbwd'))} | {fmt_x(r.get('ours_vs_ref_fwd'))} | "
-                 f"{fmt_x(r.get('ours_vs_ref_fwdbwd'))} |")
+        cells = [fmt_x(r.get(f"ours_vs_{o}_{st}{p}")) for p in ("", "_pipe") for o in ("mamba", "ref")
+                 for st in ("fwd", "fwdbwd")]
+        L.append(f"| {e['dtype']} | {e['shape_name']} | " + " | ".join(cells) + " |")
     L.append("\n## Accuracy (max|a - b| / max|b|)\n")
     L.append("| dtype | shape | ours vs ref(f32) | mamba vs ref(f32) | ref vs ref(f32) | ours vs mamba | "
              "grads ours vs ref (max) | grads ours vs mamba (max) |")

@@ -96,6 +96,7 @@ namespace jss {
 // functions. Offsets are in bytes into the scratch buffer (each piece 256-byte aligned);
 // a piece a launch does not use has size 0.
 struct SsPlan {
+  bool staged_bwd = false;  // backward on the staged kernel (then CB = 32)
   int NS = 0;        // states per lane (1, 2 or 4)
   int P = 0;         // lanes per row (power of two <= 32)
   int CB = 0;        // backward: rows per block
@@ -104,5 +105,14 @@ struct SsPlan {
          du_acc = 0, dd_acc = 0, total = 0;
 };
 SsPlan ss_plan(const SsProblem& p, bool backward);  // dh0 scratch iff p.h0 is set
+
+// The staged kernels (selective_scan_staged*.cuh) take varying B and C whose groups hold
+// whole 32-row blocks (Mamba's case); the staged backward also needs D % 32 == 0, N <= 16.
+// JAX_SELSCAN_SS_BWD=rows forces the round-1 backward (read when the launch is planned).
+inline bool ss_staged_ok(const SsProblem& p) {
+  auto fits = [&](int64_t g) { return g == 1 || ((p.dim / g) % 32) == 0; };
+  return p.groups_b && p.groups_c && fits(p.groups_b) && fits(p.groups_c) && p.N <= 128;
+}
+bool ss_staged_bwd_ok(const SsProblem& p);
 
 }  // namespace jss

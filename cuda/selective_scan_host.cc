@@ -1,6 +1,9 @@
 // Host side of the CUDA selective scan: launch geometry, scratch layout, dtype dispatch.
 #include "selective_scan.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace jss {
 namespace {
 
@@ -47,6 +50,12 @@ int ss_lanes_per_row(int64_t N, int64_t rows) {
   return P;
 }
 
+bool ss_staged_bwd_ok(const SsProblem& p) {
+  const char* e = std::getenv("JAX_SELSCAN_SS_BWD");
+  if (e && std::strcmp(e, "rows") == 0) return false;
+  return ss_staged_ok(p) && p.dim % 32 == 0 && p.N <= 16;
+}
+
 SsPlan ss_plan(const SsProblem& p, bool backward) {
   SsPlan s;
   const int64_t R = p.batch * p.dim;
@@ -66,13 +75,14 @@ SsPlan ss_plan(const SsProblem& p, bool backward) {
   }
   // Rows per block: the block's rows must lie in one B group and one C group (its dB/dC
   // are summed over them), so CB divides D / G of each varying operand.
-  int CB = 128 / s.P;
+  int CB = 128 / s.P;  // (the staged backward: 32, see ss_staged_bwd_ok)
   auto bad = [&](int cb) {
     return (p.dim % cb) || (p.groups_b && (p.dim / p.groups_b) % cb) ||
            (p.groups_c && (p.dim / p.groups_c) % cb);
   };
   while (CB > 1 && bad(CB)) CB /= 2;
-  s.CB = CB;
+  s.staged_bwd = ss_staged_bwd_ok(p);
+  s.CB = s.staged_bwd ? 32 : CB;
   const size_t varsz = static_cast<size_t>(p.batch * (p.dim / CB) * ndir * p.N * p.L);
   const size_t invsz = static_cast<size_t>(p.batch * ndir * p.dim * p.N);
   s.ckpt = take(static_cast<size_t>(R * s.K * p.N));

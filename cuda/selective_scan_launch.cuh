@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "selective_scan_kernels.cuh"
+#include "selective_scan_staged.cuh"
+#include "selective_scan_staged_bwd.cuh"
 
 namespace jss {
 namespace ssk {
@@ -21,18 +23,25 @@ cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The forward kernel for a launch: the round-2 "tiles" kernel for N <= 16 when chosen
-// (JAX_SELSCAN_SS_FWD=tiles; under evaluation, see docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md),
-// else the lanes-per-row kernel, which also writes the backward's checkpoints.
-inline bool use_tiles(const FwdArgs& a) {
-  if (a.mode == kCheckpoint || a.p.N > kTileN) return false;
+// The forward kernel for a launch. Default: the staged kernel (round 3) where it applies
+// (varying B/C whose groups do not split a block of rows), else the lanes-per-row kernel.
+// JAX_SELSCAN_SS_FWD=rows|tiles|staged picks one for comparisons (read per launch; "tiles"
+// is round 2, N <= 16, not for checkpoints); a choice that does not apply falls back.
+enum class FwdKind { kRows, kTiles, kStaged };
+inline FwdKind fwd_kind(const FwdArgs& a) {
   const char* e = std::getenv("JAX_SELSCAN_SS_FWD");
-  return e && std::strcmp(e, "tiles") == 0;
+  const bool staged = staged_ok(a.p);
+  if (e && std::strcmp(e, "tiles") == 0 && a.mode != kCheckpoint && a.p.N <= kTileN)
+    return FwdKind::kTiles;
+  if (e && std::strcmp(e, "rows") == 0) return FwdKind::kRows;
+  return staged ? FwdKind::kStaged : FwdKind::kRows;
 }
 
 template <class T>
 cudaError_t fwd(const FwdArgs& a, int NS, cudaStream_t stream) {
-  if (use_tiles(a)) {
+  const FwdKind kind = fwd_kind(a);
+  if (kind == FwdKind::kStaged) return fwd_staged<T>(a, stream);
+  if (kind == FwdKind::kTiles) {
     const int64_t blocks = (a.p.batch * a.p.dim * 32 + kBlock - 1) / kBlock;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     fwd_tile_kernel<T><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(a);
@@ -148,7 +157,7 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
     b.dir = k;
     b.phase = ndir == 1 ? 0 : k + 1;
     b.dlast = rev ? io.dlast_rev : io.dlast_fwd;
-    err = bwd<T>(b, plan.NS, stream);
+    err = plan.staged_bwd ? bwd_staged<T>(b, stream) : bwd<T>(b, plan.NS, stream);
     if (err != cudaSuccess) return err;
   }
   const int64_t R = p.batch * p.dim, Dm = p.dim, N = p.N, bn = p.batch * ndir;

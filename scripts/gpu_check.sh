@@ -4,7 +4,8 @@
 # the > 2^31-element checks and the benchmarks. Everything lands under $OUT (default ./out).
 #   STAGES="build driver pytest sanitize determinism big bench" scripts/gpu_check.sh
 # Selective scan: ss_pytest (GPU tests incl. 500-run determinism and > 2^31 elements),
-# ss_pytest_tiles (the forward-path tests with JAX_SELSCAN_SS_FWD=tiles),
+# ss_pytest_tiles (the forward-path tests with JAX_SELSCAN_SS_FWD=tiles; SS_PYTEST_K="expr" selects
+# tests of ss_pytest with pytest -k),
 # ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_bench
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
@@ -103,7 +104,8 @@ fi
 has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
 has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider ${PYTEST_ARGS:-}
 has ss_pytest && JAX_SELSCAN_BIG_TESTS=${SS_BIG:-1} JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
-  step ss_pytest ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider ${SS_PYTEST_ARGS:-}
+  step ss_pytest ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider \
+  ${SS_PYTEST_K:+-k "$SS_PYTEST_K"} ${SS_PYTEST_ARGS:-}
 # The round-2 forward kernel (opt-in until it has passed here): the forward-path GPU tests with it.
 has ss_pytest_tiles && JAX_SELSCAN_SS_FWD=tiles JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
   step ss_pytest_tiles ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider \

@@ -141,6 +141,49 @@ def test_forward_row_counts(rows):
     assert rel_err(got, want) < FWD_TOL[F32]
 
 
+# The staged kernel (default for varying B/C whose groups hold whole 32-row blocks): every
+# lane geometry (P = 4, 8, 16 lanes per row; 2, 4, 8 states per lane), partial row blocks,
+# grouped B/C, tails of the 32-step tile, unaligned L (scalar loads) and 16-bit types.
+STAGED_CASES = [  # (batch, dim, L, N, groups, dtype)
+    (1, 40, 77, 16, 1, F32),      # P = 8, a partial block, L % 32 != 0, L % 4 != 0
+    (2, 4224, 40, 16, 1, F32),    # 8448 rows: P = 4
+    (2, 64, 64, 16, 2, BF16),     # grouped, D / G = 32, aligned bf16 vectors
+    (1, 32, 29, 20, 1, F16),      # N = 20: P = 8, NS = 4 with padding states
+    (1, 33, 50, 64, 1, F32),      # P = 8, NS = 8
+    (1, 32, 35, 128, 1, BF16),    # P = 16, NS = 8
+    (3, 96, 1, 16, 3, F32),       # L = 1
+]
+
+
+@pytest.mark.parametrize("case", STAGED_CASES)
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_staged_geometries(case, direction):
+    batch, dim, length, dstate, groups, dtype = case
+    kind = "grouped" if groups > 1 else "variable"
+    x = make_inputs(rng_for("staged", case, direction), batch, dim, length, dstate, dtype=dtype,
+                    b_kind=kind, c_kind=kind, groups=groups)
+    kw = dict(delta_softplus=True, return_last_state=True, direction=direction)
+    got, last = jax.jit(lambda x: selective_scan(**x, **kw))(x)
+    want, wlast = ref_np(x, **kw)
+    assert rel_err(got, want) < FWD_TOL[dtype]
+    glast = last if isinstance(last, tuple) else (last,)
+    wl = wlast if isinstance(wlast, tuple) else (wlast,)
+    for g, w in zip(glast, wl):
+        assert rel_err(g, w) < 1e-4
+
+
+@pytest.mark.parametrize("kernel", ["rows", "tiles", "staged"])
+def test_forward_kernel_choices_agree(kernel, monkeypatch):
+    # JAX_SELSCAN_SS_FWD is read at every launch: the three forward kernels on one input.
+    x = make_inputs(rng_for("choice"), 2, 64, 77, 16)
+    kw = dict(delta_softplus=True, return_last_state=True)
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD", kernel)
+    got, last = jax.jit(lambda x: selective_scan(**x, **kw))(x)
+    want, wlast = ref_np(x, **kw)
+    assert rel_err(got, want) < FWD_TOL[F32]
+    assert rel_err(last, wlast) < 1e-4
+
+
 def test_mixed_dtypes_use_kernel():
     x = make_inputs(rng_for("mixed"), 2, 8, 40, 16, dtype=BF16)
     x["delta"] = x["delta"].astype(F32)  # mixed activations: computed in float32
@@ -254,6 +297,67 @@ def test_gradients_state_counts(dstate):
         assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
 
 
+@pytest.mark.parametrize("case", [(1, 40, 77, 16, 1, F32), (2, 64, 64, 16, 2, F32)])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_gradients_staged_checkpoints(case, direction):
+    # The backward's checkpoint sweep runs on the staged kernel for these shapes.
+    batch, dim, length, dstate, groups, dtype = case
+    kind = "grouped" if groups > 1 else "variable"
+    rng = rng_for("gstaged", case, direction)
+    x = make_inputs(rng, batch, dim, length, dstate, b_kind=kind, c_kind=kind, groups=groups)
+    kw = dict(delta_softplus=True, direction=direction)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
+    want = _grads(selective_scan_ref, to64(x), kw, cot)
+    for k in got:
+        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+
+
+# The staged backward (D % 32 == 0, N <= 16, varying B/C in 32-row groups): every option set
+# and direction, tile tails, L = 1, 16-bit, and the round-1 backward on the same input.
+@pytest.mark.parametrize("direction, opts", [(d, o) for d in DIRECTIONS for o in OPTION_SETS])
+def test_gradients_staged_bwd(direction, opts):
+    Dk, z, bias, sp, h0, rls = opts
+    rng = rng_for("sbwd", direction, opts)
+    x = make_inputs(rng, 2, 64, 77, 16, D=Dk, z=z, bias=bias, h0=h0, softplus=sp)
+    kw = dict(delta_softplus=sp, return_last_state=rls, direction=direction)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    nl = 2 if direction == "bidirectional" else 1
+    cl = [jnp.asarray(rng.standard_normal((2, 64, 16)), jnp.float64) for _ in range(nl)]
+    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32), [c.astype(F32) for c in cl]))(x)
+    want = _grads(selective_scan_ref, to64(x), kw, cot, cl)
+    for k in got:
+        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+
+
+@pytest.mark.parametrize("case", [(1, 32, 1, 16, F32), (2, 96, 300, 16, BF16), (1, 64, 40, 8, F16),
+                                  (1, 32, 33, 12, F32)])
+@pytest.mark.parametrize("direction", ["reverse", "bidirectional"])
+def test_gradients_staged_bwd_shapes(case, direction):
+    batch, dim, length, dstate, dtype = case
+    rng = rng_for("sbwd2", case, direction)
+    x = make_inputs(rng, batch, dim, length, dstate, dtype=dtype)
+    kw = dict(delta_softplus=True, direction=direction)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
+    want = _grads(selective_scan_ref, to64(x), kw, cot)
+    for k in got:
+        assert rel_err(got[k], want[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], want[k]))
+
+
+def test_backward_kernel_choices_agree(monkeypatch):
+    rng = rng_for("bchoice")
+    x = make_inputs(rng, 2, 64, 70, 16)
+    kw = dict(delta_softplus=True, direction="bidirectional")
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), F32)
+    f = jax.jit(lambda x: _grads(selective_scan, x, kw, cot))
+    staged = f(x)
+    monkeypatch.setenv("JAX_SELSCAN_SS_BWD", "rows")
+    rows = jax.jit(lambda x: _grads(selective_scan, x, kw, cot))(x)
+    for k in staged:
+        assert rel_err(staged[k], rows[k]) < 1e-4, k
+
+
 def test_check_grads_reverse_mode():
     from jax.test_util import check_grads
     x = make_inputs(rng_for("check"), 1, 4, 9, 4)
@@ -319,3 +423,22 @@ def test_more_than_2_31_elements():
                               A.astype(jnp.float64), B.astype(jnp.float64), C.astype(jnp.float64))
     got = out[..., tail]
     assert rel_err(got[..., 8:], want[..., 8:]) < FWD_TOL[BF16]
+
+
+@pytest.mark.skipif(os.environ.get("JAX_SELSCAN_BIG_TESTS") != "1", reason="set JAX_SELSCAN_BIG_TESTS=1 (needs ~35 GB of GPU memory)")
+def test_more_than_2_31_elements_staged():
+    # As above with varying B and C (the staged kernel): B/C offsets n * L pass 2^31 too.
+    L = (1 << 30) + 37
+    dim, dstate = 2, 4
+    rng = np.random.default_rng(8)
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(1), 3)
+    u = jax.random.normal(k1, (1, dim, L), BF16)
+    delta = jnp.full((1, dim, L), 3.0, BF16)
+    A = jnp.asarray(-4.0 - rng.uniform(0, 1, (dim, dstate)), F32)
+    B = jax.random.normal(k2, (1, dstate, L), BF16)
+    C = jax.random.normal(k3, (1, dstate, L), BF16)
+    out = jax.jit(lambda u, d, B, C: selective_scan(u, d, A, B, C))(u, delta, B, C)
+    tail = slice(L - 64, L)
+    f64 = lambda v: v[..., tail].astype(jnp.float64)
+    want = selective_scan_ref(f64(u), f64(delta), A.astype(jnp.float64), f64(B), f64(C))
+    assert rel_err(out[..., tail][..., 8:], want[..., 8:]) < FWD_TOL[BF16]

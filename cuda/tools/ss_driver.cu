@@ -110,6 +110,9 @@ int main() {
     bad += run<__nv_bfloat16>(jss::SsDType::BF16, 2, 32, 40, 16, 2, 0, dir, true);
   }
   bad += run<float>(jss::SsDType::F32, 1, 3, 9, 1, 1, 1, 0, true);
+  // The staged forward: a partial 32-row block with aligned bf16 vectors; 16 lanes per row.
+  bad += run<__nv_bfloat16>(jss::SsDType::BF16, 2, 40, 64, 16, 1, 1, 1, true);
+  bad += run<float>(jss::SsDType::F32, 1, 32, 35, 128, 1, 1, 2, true);
   std::printf(bad ? "FAILED\n" : "all ok\n");
   return bad ? 1 : 0;
 }

@@ -6,19 +6,25 @@ docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md came from (package installed first):
         -k regex:"fwd_kernel|bwd_kernel" --launch-count 3 --section SpeedOfLight \\
         --section Occupancy --section WarpStateStats --section LaunchStats \\
         --section MemoryWorkloadAnalysis python3 cuda/tools/ss_profile.py
+
+(The round-3 profile: regex "fwd_staged|bwd_kernel", also --section ComputeWorkloadAnalysis
+--section InstructionStats; SS_PROFILE_DTYPE=bfloat16 for 16-bit activations.)
 """
+import os
+
 import jax
 import jax.numpy as jnp
 
 import jax_selscan as js
 
 b, D, L, N = 8, 1536, 2048, 16
+dt = jnp.dtype(os.environ.get("SS_PROFILE_DTYPE", "float32"))
 k = jax.random.split(jax.random.PRNGKey(0), 8)
-u = jax.random.normal(k[0], (b, D, L))
-delta = jax.random.normal(k[1], (b, D, L)) * 0.5 - 1.0
-z = jax.random.normal(k[2], (b, D, L))
-B = jax.random.normal(k[3], (b, N, L))
-C = jax.random.normal(k[4], (b, N, L))
+u = jax.random.normal(k[0], (b, D, L)).astype(dt)
+delta = (jax.random.normal(k[1], (b, D, L)) * 0.5 - 1.0).astype(dt)
+z = jax.random.normal(k[2], (b, D, L)).astype(dt)
+B = jax.random.normal(k[3], (b, N, L)).astype(dt)
+C = jax.random.normal(k[4], (b, N, L)).astype(dt)
 A = -jnp.exp(jax.random.normal(k[5], (D, N)) * 0.5)
 Dskip = jax.random.normal(k[6], (D,))
 bias = jax.random.uniform(k[7], (D,)) * 0.5

@@ -1,0 +1,388 @@
+// Forward selective scan, "staged" layout (round 3; docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md §5).
+//
+// A block owns kSRows rows (channels d0 .. d0+31 of one batch element, all in one B group
+// and one C group) and walks them through time in kST-step tiles:
+//   1. stage: the block's threads turn the tile's elements, loaded one tile ahead into
+//      registers with coalesced vector loads, into per-element float4s in shared memory,
+//      X = (dt, dt*u, add, gate), and the tile's B and C into (B, C) pairs per step and
+//      state. softplus, silu(z), D*u and the bidirectional add are computed here, once per
+//      element.
+//   2. walk: P lanes per row, NS states per lane in registers; per step one float4 of X,
+//      NS (B, C) pairs, NS x (ex2, FMAs), an xor-sum of y over the P lanes; one lane writes
+//      (y + add) * gate to Y in shared memory.
+//   3. write: coalesced vector stores of Y.
+// Two barriers per tile; the shared buffers are double-buffered so staging tile k+1 never
+// waits for the write of tile k. Steps past the sequence are identities (dt = 0).
+#pragma once
+
+#include <cmath>
+
+#include "selective_scan_kernels.cuh"
+
+namespace jss {
+namespace ssk {
+
+constexpr int kSRows = 32;    // rows per block
+constexpr int kST = 32;       // steps per tile (multiple of kCk and of 4)
+constexpr int kSX = kST + 1;  // row stride of X and Y: rows of a warp fall in distinct banks
+constexpr int kSVec = kSRows * kST / 4;  // 4-element vectors per array and tile
+
+// Four consecutive elements as loaded (float4, or 4 packed 16-bit values): the prefetched tile
+// stays in this form until it is staged, so no conversion waits on a load in flight.
+template <class T> struct Raw4 {
+  uint2 r;
+  __device__ __forceinline__ void load4(const T* p, int64_t i) { r = __ldg(reinterpret_cast<const uint2*>(p + i)); }
+  __device__ __forceinline__ void load1(const T* p, int64_t i, int e) {
+    const unsigned bits = __ldg(reinterpret_cast<const unsigned short*>(p + i));
+    unsigned& w = (e < 2) ? r.x : r.y;
+    w = (e & 1) ? ((w & 0xffffu) | (bits << 16)) : ((w & 0xffff0000u) | bits);
+  }
+  __device__ __forceinline__ void zero() { r = make_uint2(0u, 0u); }
+  __device__ __forceinline__ void get(float v[4]) const {
+    using C = Cvt16<T>;
+    const float2 a = C::up2(*reinterpret_cast<const typename C::H2*>(&r.x));
+    const float2 b = C::up2(*reinterpret_cast<const typename C::H2*>(&r.y));
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+  }
+};
+template <> struct Raw4<float> {
+  float4 r;
+  __device__ __forceinline__ void load4(const float* p, int64_t i) { r = __ldg(reinterpret_cast<const float4*>(p + i)); }
+  __device__ __forceinline__ void load1(const float* p, int64_t i, int e) {
+    const float x = __ldg(p + i);
+    if (e == 0) r.x = x; else if (e == 1) r.y = x; else if (e == 2) r.z = x; else r.w = x;
+  }
+  __device__ __forceinline__ void zero() { r = make_float4(0.f, 0.f, 0.f, 0.f); }
+  __device__ __forceinline__ void get(float v[4]) const { v[0] = r.x; v[1] = r.y; v[2] = r.z; v[3] = r.w; }
+};
+
+constexpr int kG = 8;         // steps whose y the lanes of a row reduce together
+
+// Sum of v[g] over the P lanes of a row (xor partners), reduce-scattered: each halving level
+// keeps half of the values still held (the upper half on the lane whose bit O is set) and
+// adds the partner's copy of that half, kG - 1 shuffles in all instead of kG * log2(P). At
+// the end a lane holds kG / P sums (one when P >= kG; then lanes past kG hold copies) for the
+// steps base .. base + kG / P - 1 of the group.
+template <int O, int M>
+__device__ __forceinline__ void reduce_scatter(float (&v)[kG], int q, int& base) {
+  if constexpr (O >= 1) {
+    if constexpr (M > 1) {
+      constexpr int H = M / 2;
+      const bool up = (q & O) != 0;
+#pragma unroll
+      for (int i = 0; i < H; ++i) {
+        const float keep = up ? v[i + H] : v[i];
+        const float send = up ? v[i] : v[i + H];
+        v[i] = keep + __shfl_xor_sync(kFull, send, O);
+      }
+      base += up ? H : 0;
+      reduce_scatter<O / 2, H>(v, q, base);
+    } else {
+      v[0] += __shfl_xor_sync(kFull, v[0], O);
+      reduce_scatter<O / 2, 1>(v, q, base);
+    }
+  }
+}
+
+// Stores the group's y sums of one row: Y[j] for the kG steps of the group at Y.
+template <int P>
+__device__ __forceinline__ void reduce_store(float (&v)[kG], int q, float* Y) {
+  int base = 0;
+  reduce_scatter<P / 2, kG>(v, q, base);
+  constexpr int kHeld = kG / P > 1 ? kG / P : 1;
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) Y[base + i] = v[i];
+}
+
+// Shared-memory floats of one buffer for NP (padded) states.
+__host__ __device__ constexpr int staged_buf_floats(int NP) {
+  return kSRows * kSX * 4 + kST * NP * 2 + kSRows * kSX;
+}
+
+// Whether the staged kernel takes this problem: varying B and C whose groups never split a
+// block of rows (Mamba's case), N <= 128.
+inline bool staged_ok(const SsProblem& p) {
+  static_assert(kSRows == 32, "ss_staged_ok assumes 32-row blocks");
+  return ss_staged_ok(p);
+}
+
+// Blocks per SM the register budget is set for (4 x 128 or 3 x 256 threads; fewer for 8 states).
+__host__ __device__ constexpr int staged_min_blocks(int P, int NS) {
+  return P >= 16 ? 1 : (NS >= 8 ? 2 : (P <= 4 ? 4 : 3));
+}
+
+template <class T, int P, int NS>
+__global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_staged_kernel(FwdArgs a) {
+  constexpr int NT = kSRows * P;
+  constexpr int NP = P * NS;
+  constexpr int VPT = (kSVec + NT - 1) / NT;            // u/delta/z vectors per thread
+  constexpr int BCV = NP * kST / 4;                     // B (or C) vectors per tile
+  constexpr int BPT = (BCV + NT - 1) / NT;
+  constexpr int BUF = staged_buf_floats(NP);
+  static_assert(NS % 2 == 0, "the walk reads (B, C) of two states at a time");
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+
+  const SsProblem& p = a.p;
+  const int64_t L = p.L, N = p.N, Dm = p.dim;
+  const int64_t nrb = (Dm + kSRows - 1) / kSRows;
+  const int64_t b = blockIdx.x / nrb, d0 = (blockIdx.x % nrb) * kSRows;
+  const int tid = threadIdx.x;
+  const bool rev = a.rev, vec = (L & 3) == 0;
+  const int mode = a.mode;
+  const bool outputs = mode != kCheckpoint;
+  const T* u = static_cast<const T*>(p.u);
+  const T* de = static_cast<const T*>(p.delta);
+  const T* z = outputs ? static_cast<const T*>(p.z) : nullptr;
+  const T* Bp = static_cast<const T*>(p.B) + (b * p.groups_b + d0 / (Dm / p.groups_b)) * N * L;
+  const T* Cp = static_cast<const T*>(p.C) + (b * p.groups_c + d0 / (Dm / p.groups_c)) * N * L;
+
+  // The walking lane: row r of the block, states q*NS .. q*NS+NS-1.
+  const int r = tid / P, q = tid % P;
+  const bool rlive = d0 + r < Dm;
+  const int64_t d = rlive ? d0 + r : Dm - 1;
+  const int64_t row = b * Dm + d;
+  float a2[NS], h[NS];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    const int64_t n = q * NS + s;
+    a2[s] = n < N ? p.A[d * N + n] * kLog2e : 0.f;
+    h[s] = (n < N && p.h0) ? p.h0[row * N + n] : 0.f;
+  }
+
+  // Time of tile position i is t0 + i; positions outside [0, L) are padding.
+  const int64_t ntiles = (L + kST - 1) / kST;
+  auto tile_t0 = [&](int64_t k) { return rev ? L - (k + 1) * kST : k * kST; };
+  auto load_vec = [&](const T* src, int64_t t, Raw4<T>& v) {
+    v.zero();
+    if (vec) {
+      if (t >= 0 && t < L) v.load4(src, t);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (t + e >= 0 && t + e < L) v.load1(src, t + e, e);
+    }
+  };
+
+  // Registers holding the next tile.
+  Raw4<T> ru[VPT], rd[VPT], rz[VPT], rb[BPT], rc[BPT];
+  auto load_tile = [&](int64_t k) {
+    const int64_t t0 = tile_t0(k);
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+      const int v = tid + m * NT;
+      const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const bool ok = v < kSVec && d0 + rr < Dm;
+      const int64_t base = (b * Dm + (ok ? d0 + rr : 0)) * L;
+      const int64_t t = ok ? t0 + i0 : -kST;  // a dead vector reads nothing
+      load_vec(u + base, t, ru[m]);
+      load_vec(de + base, t, rd[m]);
+      if (z) load_vec(z + base, t, rz[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < BPT; ++m) {
+      const int w = tid + m * NT;
+      const int n = w / (kST / 4), i0 = (w % (kST / 4)) * 4;
+      const bool ok = w < BCV && n < N;
+      const int64_t t = ok ? t0 + i0 : -kST;
+      load_vec(Bp + (ok ? n : 0) * L, t, rb[m]);
+      if (outputs) load_vec(Cp + (ok ? n : 0) * L, t, rc[m]);
+    }
+  };
+  // Shared memory holds the tile in walking order: slot j is step j of the walk (the
+  // reverse direction walks positions kST-1 .. 0), so the walk's addresses are constants.
+  auto slot = [&](int i) { return rev ? kST - 1 - i : i; };
+  auto stage_tile = [&](int64_t k, float* buf) {
+    const int64_t t0 = tile_t0(k);
+    float4* X = reinterpret_cast<float4*>(buf);
+    float2* BC = reinterpret_cast<float2*>(buf + kSRows * kSX * 4);
+    // Per mode: add = addmul * u (kAddY adds ybuf when writing), gate = silu(z) unless kRawY.
+    const bool gated = z && mode != kRawY;
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+      const int v = tid + m * NT;
+      if (v >= kSVec) continue;
+      const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const bool ok = d0 + rr < Dm;
+      const int64_t dd = ok ? d0 + rr : 0, t = t0 + i0;
+      const bool full = ok && t >= 0 && t + 3 < L;  // always, or never, when L % 4 == 0
+      const float bias = p.delta_bias ? p.delta_bias[dd] : 0.f;
+      const float Dd = p.Dskip ? p.Dskip[dd] : 0.f;
+      const float addmul = mode == kFinal ? Dd : (mode == kAddY ? 2.f * Dd : 0.f);
+      float uv[4], dv[4], zv[4] = {0.f, 0.f, 0.f, 0.f};
+      ru[m].get(uv);
+      rd[m].get(dv);
+      if (gated) rz[m].get(zv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // Branch-free: every element is computed (padding reads as 0), then masked.
+        const bool valid = full || (ok && t + e >= 0 && t + e < L);
+        const float xb = dv[e] + bias;
+        const float dt = p.softplus ? softplus_fast(xb) : xb;
+        const float g = gated ? silu_fast(zv[e]) : 1.f;
+        X[rr * kSX + slot(i0 + e)] =
+            valid ? make_float4(dt, dt * uv[e], addmul * uv[e], g) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < BPT; ++m) {
+      const int w = tid + m * NT;
+      if (w >= BCV) continue;
+      const int n = w / (kST / 4), i0 = (w % (kST / 4)) * 4;
+      float bv[4], cv[4] = {0.f, 0.f, 0.f, 0.f};
+      rb[m].get(bv);
+      if (outputs) rc[m].get(cv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) BC[slot(i0 + e) * NP + n] = make_float2(bv[e], cv[e]);
+    }
+  };
+
+  load_tile(0);
+  for (int64_t k = 0; k < ntiles; ++k) {
+    float* buf = smem + (k & 1) * BUF;
+    stage_tile(k, buf);
+    if (k + 1 < ntiles) load_tile(k + 1);
+    __syncthreads();
+
+    // The walk through the tile's steps; slot j is step j. Per group of kG steps the P
+    // lanes of a row keep their partial y in registers and then reduce-scatter them, so
+    // no shared-memory store sits between the steps of a group.
+    const float4* X = reinterpret_cast<const float4*>(buf) + r * kSX;
+    const float* BC = buf + kSRows * kSX * 4 + 2 * q * NS;
+    float* Y = buf + kSRows * kSX * 4 + kST * NP * 2 + r * kSX;
+    auto step = [&](int j) {
+      const float4 x = X[j];
+      const float* bc = BC + j * NP * 2;
+      float y = 0.f;
+#pragma unroll
+      for (int s2 = 0; s2 < NS; s2 += 2) {  // (B, C) of two states per 16-byte load
+        const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s2);
+        h[s2] = fmaf(fast_exp2(x.x * a2[s2]), h[s2], x.y * v.x);
+        y = fmaf(v.y, h[s2], y);
+        h[s2 + 1] = fmaf(fast_exp2(x.x * a2[s2 + 1]), h[s2 + 1], x.y * v.z);
+        y = fmaf(v.w, h[s2 + 1], y);
+      }
+      return y;
+    };
+    if (outputs) {
+#pragma unroll 1
+      for (int j0 = 0; j0 < kST; j0 += kG) {
+        float y[kG];
+#pragma unroll
+        for (int g = 0; g < kG; ++g) y[g] = step(j0 + g);
+        reduce_store<P>(y, q, Y + j0);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kST; ++j) {
+        if (j % kCk == 0) {
+          const int64_t s = k * kST + j;
+          if (s < L && rlive) {
+#pragma unroll
+            for (int sx = 0; sx < NS; ++sx)
+              if (q * NS + sx < N) a.ckpt[(row * a.K + s / kCk) * N + q * NS + sx] = h[sx];
+          }
+        }
+        step(j);
+      }
+    }
+    __syncthreads();
+
+    if (outputs) {  // out = (y + add) * gate, coalesced
+      const int64_t t0 = tile_t0(k);
+      const float4* Xb = reinterpret_cast<const float4*>(buf);
+      const float* Yb = buf + kSRows * kSX * 4 + kST * NP * 2;
+#pragma unroll
+      for (int m = 0; m < VPT; ++m) {
+        const int v = tid + m * NT;
+        const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+        if (v >= kSVec || d0 + rr >= Dm) continue;
+        const int64_t base = (b * Dm + d0 + rr) * L, t = t0 + i0;
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int sl = rr * kSX + slot(i0 + e);
+          const float4 x = Xb[sl];
+          o[e] = Yb[sl] + x.z;
+          if (mode == kAddY) o[e] += (t + e >= 0 && t + e < L) ? a.ybuf[base + t + e] : 0.f;
+          o[e] *= x.w;
+        }
+        if (mode == kRawY) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (t + e >= 0 && t + e < L) a.ybuf[base + t + e] = o[e];
+        } else if (vec && t >= 0 && t < L) {
+          Io<T>::st4(static_cast<T*>(a.out), base + t, o);
+        } else if (!vec) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (t + e >= 0 && t + e < L) Io<T>::st(static_cast<T*>(a.out), base + t + e, o[e]);
+        }
+      }
+    }
+  }
+  if (a.last && rlive) {
+#pragma unroll
+    for (int s = 0; s < NS; ++s)
+      if (q * NS + s < N) a.last[row * N + q * NS + s] = h[s];
+  }
+}
+
+template <class T, int P, int NS>
+cudaError_t launch_staged(const FwdArgs& a, cudaStream_t stream) {
+  const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const size_t smem = 2 * sizeof(float) * staged_buf_floats(P * NS);
+  auto kern = fwd_staged_kernel<T, P, NS>;
+  cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kern<<<static_cast<unsigned>(blocks), kSRows * P, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// Fraction of the last wave that is busy: a grid of `blocks` over SMs running `per_sm` each.
+inline double wave_fill(int64_t blocks, int per_sm) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  const double w = static_cast<double>(blocks) / (static_cast<double>(sms) * (per_sm > 0 ? per_sm : 1));
+  return w / std::ceil(w);
+}
+
+template <class T, int P, int NS>
+int staged_blocks_per_sm() {
+  static const int n = [] {
+    // The occupancy query counts dynamic shared memory above 48 KB only once allowed.
+    const int smem = static_cast<int>(2 * sizeof(float) * staged_buf_floats(P * NS));
+    cudaFuncSetAttribute(fwd_staged_kernel<T, P, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    int k = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&k, fwd_staged_kernel<T, P, NS>, kSRows * P,
+                                                            smem, cudaOccupancyDisableCachingOverride);
+    return k;
+  }();
+  return n;
+}
+
+// Lanes per row and states per lane. N <= 16: 4 lanes of 4 states (fewest instructions per
+// element) unless 8 lanes of 2 fill the GPU's last wave clearly better (e.g. 12288 rows:
+// 384 blocks fill 73% of the 528 slots of 4 blocks/SM, but 97% of the 396 slots of the
+// 8-lane blocks, which fit 3 per SM). More states: as many lanes as N needs.
+template <class T>
+cudaError_t fwd_staged(const FwdArgs& a, cudaStream_t stream) {
+  const int64_t N = a.p.N;
+  if (N > 64) return launch_staged<T, 16, 8>(a, stream);
+  if (N > 32) return launch_staged<T, 8, 8>(a, stream);
+  if (N > 16) return launch_staged<T, 8, 4>(a, stream);
+  const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
+  const double f4 = wave_fill(blocks, staged_blocks_per_sm<T, 4, 4>());
+  const double f8 = wave_fill(blocks, staged_blocks_per_sm<T, 8, 2>());
+  if (f8 > f4 + 0.05) return launch_staged<T, 8, 2>(a, stream);
+  return launch_staged<T, 4, 4>(a, stream);
+}
+
+}  // namespace ssk
+}  // namespace jss

@@ -1,0 +1,381 @@
+// Backward selective scan, "staged" layout (the backward of selective_scan_staged.cuh).
+//
+// Same block shape as the staged forward: 32 rows of one batch element (one B group, one C
+// group), P lanes per row with NS states each, tiles of kST steps staged in shared memory,
+// here walked from the last tile to the first. Per tile the block's threads stage, once per
+// element, XA = (dt, dt*u, dy, u) for the walk (dy = dout * gate) and XB = (dt', dzf) for
+// the write-out (dt' = d softplus, dzf = dout * silu'(z)), and (B, C) pairs per step.
+// The walk takes the tile in 8-step chunks, last chunk first: from the chunk's checkpoint
+// (the forward's kCheckpoint sweep) it recomputes the 8 states and exponentials into
+// registers, then runs the adjoint g[t] = C[t] dy[t] + exp(dt[t+1] A) g[t+1] backwards
+// through them. Per step the lanes of a row reduce-scatter their partial ddt, du and y
+// (as in the forward); dB and dC are summed over the block's 32 rows in shared memory in a
+// fixed order after each chunk (no atomics: bitwise reproducible), written as per-block
+// partials and summed over blocks by sum_mid afterwards, like the other per-row partials
+// (dA, dD, ddelta_bias, dh0). Bidirectional: the phases of BwdArgs.
+#pragma once
+
+#include "selective_scan_staged.cuh"
+
+namespace jss {
+namespace ssk {
+
+constexpr int kBC = kCk;      // steps per walk chunk (= checkpoint interval)
+constexpr int kBH = kBC / 2;  // steps per dB/dC reduction (half a chunk: less shared memory)
+
+// Shared floats: XA (float4 per element), XB (float2), BC pairs, three reduced per-step
+// outputs (ddt, du, y), the dB/dC terms of half a chunk [step][row][state] with a padded step
+// stride, the tile's checkpoints. 67 KB for N = 16: 3 blocks of 128 threads per SM.
+__host__ __device__ constexpr int sbwd_part_stride(int NP) { return kSRows * NP + 1; }
+__host__ __device__ constexpr int sbwd_floats(int NP) {
+  return kSRows * kSX * 6 + kST * NP * 2 + 3 * kSRows * kSX + 2 * kBH * sbwd_part_stride(NP) +
+         kSRows * (kST / kBC) * NP;
+}
+
+template <class T, int P, int NS>
+__global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
+  constexpr int NT = kSRows * P;
+  constexpr int NP = P * NS;
+  constexpr int VPT = (kSVec + NT - 1) / NT;
+  constexpr int BCV = NP * kST / 4;
+  constexpr int BPT = (BCV + NT - 1) / NT;
+  constexpr int PS = sbwd_part_stride(NP);
+  static_assert(NS % 2 == 0, "the walk reads (B, C) of two states at a time");
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float4* XA = smem4;
+  float2* XB = reinterpret_cast<float2*>(smem4 + kSRows * kSX);
+  float* BCs = smem + kSRows * kSX * 6;
+  float* RD = BCs + kST * NP * 2;   // reduced ddt (pre-sigmoid), [row][step]
+  float* RU = RD + kSRows * kSX;    // reduced du (state part)
+  float* RY = RU + kSRows * kSX;    // reduced y
+  float* SB = RY + kSRows * kSX;    // [step in chunk][row][state] dB terms
+  float* SC = SB + kBH * PS;        // dC terms
+  float* HK = SC + kBH * PS;        // the tile's checkpoints [row][chunk][state]
+
+  const SsProblem& p = a.p;
+  const int64_t L = p.L, N = p.N, Dm = p.dim, R = p.batch * Dm;
+  const int64_t nblk = Dm / kSRows;
+  const int64_t b = blockIdx.x / nblk, cb = blockIdx.x % nblk, d0 = cb * kSRows;
+  const int tid = threadIdx.x;
+  const bool rev = a.rev, vec = (L & 3) == 0;
+  const T* u = static_cast<const T*>(p.u);
+  const T* de = static_cast<const T*>(p.delta);
+  const T* z = static_cast<const T*>(p.z);
+  const T* dout = static_cast<const T*>(a.dout);
+  const T* Bp = static_cast<const T*>(p.B) + (b * p.groups_b + d0 / (Dm / p.groups_b)) * N * L;
+  const T* Cp = static_cast<const T*>(p.C) + (b * p.groups_c + d0 / (Dm / p.groups_c)) * N * L;
+  const float dmult = a.ndir == 2 ? 2.f : 1.f;
+
+  // Walking lane: row r, states q*NS ...
+  const int r = tid / P, q = tid % P;
+  const int64_t d = d0 + r, row = b * Dm + d;
+  float an[NS], a2[NS], g[NS], accA[NS];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    const int64_t n = q * NS + s;
+    an[s] = n < N ? p.A[d * N + n] : 0.f;
+    a2[s] = an[s] * kLog2e;
+    g[s] = (n < N && a.dlast) ? a.dlast[row * N + n] : 0.f;
+    accA[s] = 0.f;
+  }
+
+  const int64_t ntiles = (L + kST - 1) / kST;
+  auto tile_t0 = [&](int64_t k) { return rev ? L - (k + 1) * kST : k * kST; };
+  auto slot = [&](int i) { return rev ? kST - 1 - i : i; };
+  auto load_vec = [&](const T* src, int64_t t, Raw4<T>& v) {
+    v.zero();
+    if (vec) {
+      if (t >= 0 && t < L) v.load4(src, t);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (t + e >= 0 && t + e < L) v.load1(src, t + e, e);
+    }
+  };
+  Raw4<T> ru[VPT], rd[VPT], rz[VPT], rg[VPT], rb[BPT], rc[BPT];
+  auto load_tile = [&](int64_t k) {
+    const int64_t t0 = tile_t0(k);
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+      const int v = tid + m * NT;
+      const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const bool ok = v < kSVec;
+      const int64_t base = (b * Dm + d0 + (ok ? rr : 0)) * L;
+      const int64_t t = ok ? t0 + i0 : -kST;
+      load_vec(u + base, t, ru[m]);
+      load_vec(de + base, t, rd[m]);
+      load_vec(dout + base, t, rg[m]);
+      if (z) load_vec(z + base, t, rz[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < BPT; ++m) {
+      const int w = tid + m * NT;
+      const int n = w / (kST / 4), i0 = (w % (kST / 4)) * 4;
+      const bool ok = w < BCV && n < N;
+      const int64_t t = ok ? t0 + i0 : -kST;
+      load_vec(Bp + (ok ? n : 0) * L, t, rb[m]);
+      load_vec(Cp + (ok ? n : 0) * L, t, rc[m]);
+    }
+  };
+  // Per-thread write-out accumulators (the thread's rows are fixed: v = tid + m NT).
+  float accD[VPT], accBias[VPT];
+#pragma unroll
+  for (int m = 0; m < VPT; ++m) accD[m] = accBias[m] = 0.f;
+
+  auto stage_tile = [&](int64_t k) {
+    const int64_t t0 = tile_t0(k);
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+      const int v = tid + m * NT;
+      if (v >= kSVec) continue;
+      const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const int64_t dd = d0 + rr, t = t0 + i0;
+      const bool full = t >= 0 && t + 3 < L;
+      const float bias = p.delta_bias ? p.delta_bias[dd] : 0.f;
+      float uv[4], dv[4], gv[4], zv[4] = {0.f, 0.f, 0.f, 0.f};
+      ru[m].get(uv);
+      rd[m].get(dv);
+      rg[m].get(gv);
+      if (z) rz[m].get(zv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool valid = full || (t + e >= 0 && t + e < L);
+        const float xb = dv[e] + bias;
+        float dt = xb, sg = 1.f;
+        if (p.softplus) {
+          dt = softplus_fast(xb);
+          sg = __fdividef(1.f, 1.f + __expf(-xb));
+        }
+        float gate = 1.f, dzf = 0.f;
+        if (z) {
+          const float s = __fdividef(1.f, 1.f + __expf(-zv[e]));
+          gate = zv[e] * s;
+          dzf = gv[e] * s * fmaf(zv[e], 1.f - s, 1.f);
+        }
+        const int sl = rr * kSX + slot(i0 + e);
+        XA[sl] = valid ? make_float4(dt, dt * uv[e], gv[e] * gate, uv[e]) : make_float4(0.f, 0.f, 0.f, 0.f);
+        XB[sl] = valid ? make_float2(sg, dzf) : make_float2(0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < BPT; ++m) {
+      const int w = tid + m * NT;
+      if (w >= BCV) continue;
+      const int n = w / (kST / 4), i0 = (w % (kST / 4)) * 4;
+      float bv[4], cv[4];
+      rb[m].get(bv);
+      rc[m].get(cv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        *reinterpret_cast<float2*>(BCs + (slot(i0 + e) * NP + n) * 2) = make_float2(bv[e], cv[e]);
+    }
+  };
+
+  // No register prefetch here (the walk's chunk registers need the room): each tile is
+  // loaded when it is staged; the other blocks on the SM cover the wait.
+  for (int64_t k = ntiles - 1; k >= 0; --k) {
+    __syncthreads();  // the previous tile's write-out has read the shared buffers
+    load_tile(k);
+    // The tile's checkpoints (state entering each 8-step chunk), [row][chunk][state].
+    for (int o = tid; o < kSRows * (kST / kBC) * NP; o += NT) {
+      const int rr = o / ((kST / kBC) * NP), c = (o / NP) % (kST / kBC), n = o % NP;
+      const int64_t s0 = k * kST + c * kBC;
+      HK[o] = (s0 < L && n < N) ? a.ckpt[((b * Dm + d0 + rr) * a.K + s0 / kCk) * N + n] : 0.f;
+    }
+    stage_tile(k);
+    __syncthreads();
+
+    const float4* X = XA + r * kSX;
+    const float* BCr = BCs + 2 * q * NS;
+#pragma unroll 1
+    for (int c = kST / kBC - 1; c >= 0; --c) {
+      const int j0 = c * kBC;
+      // Recompute the chunk's states and exponentials.
+      float H[kBC][NS], E[kBC][NS], yv[kBC];
+      float hs[NS], h0c[NS];
+#pragma unroll
+      for (int s = 0; s < NS; ++s) hs[s] = h0c[s] = HK[(r * (kST / kBC) + c) * NP + q * NS + s];
+#pragma unroll
+      for (int jj = 0; jj < kBC; ++jj) {
+        const float4 x = X[j0 + jj];
+        const float* bc = BCr + (j0 + jj) * NP * 2;
+        float y = 0.f;
+#pragma unroll
+        for (int s = 0; s < NS; s += 2) {
+          const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s);
+          E[jj][s] = fast_exp2(x.x * a2[s]);
+          E[jj][s + 1] = fast_exp2(x.x * a2[s + 1]);
+          hs[s] = fmaf(E[jj][s], hs[s], x.y * v.x);
+          hs[s + 1] = fmaf(E[jj][s + 1], hs[s + 1], x.y * v.z);
+          H[jj][s] = hs[s];
+          H[jj][s + 1] = hs[s + 1];
+          y = fmaf(v.y, hs[s], y);
+          y = fmaf(v.w, hs[s + 1], y);
+        }
+        yv[jj] = y;
+      }
+      // The adjoint, backwards through the chunk; after each half, dB and dC of its steps
+      // are summed over the block's rows in row order (thread -> (state, step), step
+      // fastest, so that consecutive threads write consecutive times of one state).
+      float ddt[kBC], dus[kBC];
+#pragma unroll
+      for (int hf = 1; hf >= 0; --hf) {
+#pragma unroll
+        for (int jh = kBH - 1; jh >= 0; --jh) {
+          const int jj = hf * kBH + jh;
+          const float4 x = X[j0 + jj];  // dt, du, dy, u
+          const float* bc = BCr + (j0 + jj) * NP * 2;
+          float dd = 0.f, du = 0.f;
+#pragma unroll
+          for (int s = 0; s < NS; s += 2) {
+            const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int si = s + e;
+              const float Bv = e ? v.z : v.x, Cv = e ? v.w : v.y;
+              const float gi = fmaf(Cv, x.z, g[si]);
+              const float hp = jj > 0 ? H[jj > 0 ? jj - 1 : 0][si] : h0c[si];
+              const float eh = E[jj][si] * hp;
+              dd = fmaf(gi, fmaf(Bv, x.w, an[si] * eh), dd);
+              du = fmaf(gi * x.x, Bv, du);
+              accA[si] = fmaf(gi * x.x, eh, accA[si]);
+              g[si] = E[jj][si] * gi;
+              SB[jh * PS + r * NP + q * NS + si] = gi * x.y;
+              SC[jh * PS + r * NP + q * NS + si] = x.z * H[jj][si];
+            }
+          }
+          ddt[jj] = dd;
+          dus[jj] = du;
+        }
+        __syncthreads();
+        for (int o = tid; o < 2 * NP * kBH; o += NT) {
+          const int which = o / (NP * kBH), n = (o / kBH) % NP, jh = o % kBH;
+          const int64_t st = k * kST + j0 + hf * kBH + jh;
+          if (n < N && st < L) {
+            const float* src = (which ? SC : SB) + jh * PS + n;
+            float acc = 0.f;
+#pragma unroll 8
+            for (int rr = 0; rr < kSRows; ++rr) acc += src[rr * NP];
+            float* dst = which ? a.pdC : a.pdB;
+            dst[(((b * nblk + cb) * a.ndir + a.dir) * N + n) * L + tmap(st, L, rev)] = acc;
+          }
+        }
+        __syncthreads();
+      }
+      reduce_store<P>(ddt, q, RD + r * kSX + j0);
+      reduce_store<P>(dus, q, RU + r * kSX + j0);
+      reduce_store<P>(yv, q, RY + r * kSX + j0);
+    }
+    __syncthreads();
+
+    // Write-out of the tile's per-element gradients, coalesced.
+    const int64_t t0 = tile_t0(k);
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+      const int v = tid + m * NT;
+      if (v >= kSVec) continue;
+      const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const int64_t dd = d0 + rr, base = (b * Dm + dd) * L, t = t0 + i0;
+      const float Dd = p.Dskip ? p.Dskip[dd] : 0.f;
+      float odu[4], odd[4], odz[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int sl = rr * kSX + slot(i0 + e);
+        const bool valid = t + e >= 0 && t + e < L;
+        const float4 xa = XA[sl];
+        const float2 xb = XB[sl];
+        float ddl = RD[sl] * xb.x, dul = RU[sl], y = RY[sl];
+        if (a.phase == 1) {
+          if (valid) {
+            a.du_acc[base + t + e] = dul;
+            a.dd_acc[base + t + e] = ddl;
+            a.ybuf[base + t + e] = y;
+          }
+          odu[e] = odd[e] = odz[e] = 0.f;
+          continue;
+        }
+        const float Du = Dd * xa.w;
+        float ytot = y + Du;
+        if (a.phase == 2 && valid) {
+          dul += a.du_acc[base + t + e];
+          ddl += a.dd_acc[base + t + e];
+          ytot = y + a.ybuf[base + t + e] + 2.f * Du;
+        }
+        odu[e] = fmaf(dmult * Dd, xa.z, dul);
+        odd[e] = ddl;
+        odz[e] = xb.y * ytot;
+        if (valid) {
+          accD[m] = fmaf(dmult * xa.z, xa.w, accD[m]);
+          accBias[m] += ddl;
+        }
+      }
+      if (a.phase == 1) continue;
+      T* oU = static_cast<T*>(a.du);
+      T* oD = static_cast<T*>(a.ddelta);
+      T* oZ = static_cast<T*>(a.dz);
+      if (vec) {
+        if (t >= 0 && t < L) {
+          Io<T>::st4(oU, base + t, odu);
+          Io<T>::st4(oD, base + t, odd);
+          if (z) Io<T>::st4(oZ, base + t, odz);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (t + e < 0 || t + e >= L) continue;
+          Io<T>::st(oU, base + t + e, odu[e]);
+          Io<T>::st(oD, base + t + e, odd[e]);
+          if (z) Io<T>::st(oZ, base + t + e, odz[e]);
+        }
+      }
+    }
+  }
+
+  // Per-row partials: dA, dh0 from the walking lanes; dD, ddelta_bias from the write-out
+  // threads (8 consecutive lanes share a row: summed by xor shuffles in a fixed order).
+  const int64_t pslot = (b * a.ndir + a.dir) * Dm + d;
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    const int64_t n = q * NS + s;
+    if (n >= N) continue;
+    a.pdA[pslot * N + n] = accA[s];
+    if (a.pdh0) a.pdh0[(a.dir * R + row) * N + n] = g[s];
+  }
+#pragma unroll
+  for (int m = 0; m < VPT; ++m) {
+    float sD = accD[m], sB = accBias[m];
+#pragma unroll
+    for (int o = 1; o < kST / 4; o <<= 1) {
+      sD += __shfl_xor_sync(kFull, sD, o);
+      sB += __shfl_xor_sync(kFull, sB, o);
+    }
+    const int v = tid + m * NT;
+    if (v < kSVec && (v % (kST / 4)) == 0) {
+      const int64_t ps = (b * a.ndir + a.dir) * Dm + d0 + v / (kST / 4);
+      if (a.pdD) a.pdD[ps] = sD;
+      if (a.pdbias) a.pdbias[ps] = sB;
+    }
+  }
+}
+
+template <class T, int P, int NS>
+cudaError_t launch_staged_bwd(const BwdArgs& a, cudaStream_t stream) {
+  const int64_t blocks = a.p.batch * (a.p.dim / kSRows);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const size_t smem = sizeof(float) * sbwd_floats(P * NS);
+  auto kern = bwd_staged_kernel<T, P, NS>;
+  cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kern<<<static_cast<unsigned>(blocks), kSRows * P, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t bwd_staged(const BwdArgs& a, cudaStream_t stream) {
+  return launch_staged_bwd<T, 4, 4>(a, stream);
+}
+
+}  // namespace ssk
+}  // namespace jss
