@@ -57,11 +57,11 @@ from jax_selscan import selective_scan, selective_scan_ref
 SHAPES = [(8, 1536, 2048, 16), (8, 2560, 4096, 16), (1, 5120, 16384, 16), (64, 768, 512, 16)]
 MEMORY_SHAPE = (8, 1536, 2048, 16)
 ARG_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
-IMPLS = ("ours", "ours_rows", "ours_tiles", "mamba", "ref")
-# ours = the default forward kernel (round 3, "staged"); ours_rows / ours_tiles: the same
-# jitted calls with JAX_SELSCAN_SS_FWD=rows (round 1) or tiles (round 2); the variable is read
-# by the extension at every launch.
-VARIANTS = {"ours_rows": "rows", "ours_tiles": "tiles"}
+IMPLS = ("ours", "ours_rows", "mamba", "ref")
+# ours = the default kernels (round 3, "staged"); ours_rows: the same jitted calls with
+# JAX_SELSCAN_SS_FWD=rows and JAX_SELSCAN_SS_BWD=rows (round 1; the variables are read by the
+# extension at every launch).
+VARIANTS = {"ours_rows": "rows"}
 OURS = ("ours",) + tuple(VARIANTS)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -488,15 +488,17 @@ def bench_shape(shape, dtype_name, opts, ctx, run_deadline):
             if impl == "ours":
                 outs[impl], grads[impl] = bench_jax_impl(selective_scan, jargs, jg, rec, opts, guard, "ours")
             elif impl in VARIANTS:
-                old = os.environ.get("JAX_SELSCAN_SS_FWD")
-                os.environ["JAX_SELSCAN_SS_FWD"] = VARIANTS[impl]
+                keys = ("JAX_SELSCAN_SS_FWD", "JAX_SELSCAN_SS_BWD")
+                old = {k: os.environ.get(k) for k in keys}
+                os.environ.update({k: VARIANTS[impl] for k in keys})
                 try:
                     outs[impl], grads[impl] = bench_jax_impl(selective_scan, jargs, jg, rec, opts, guard, impl)
                 finally:
-                    if old is None:
-                        os.environ.pop("JAX_SELSCAN_SS_FWD", None)
-                    else:
-                        os.environ["JAX_SELSCAN_SS_FWD"] = old
+                    for k, v in old.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
             elif impl == "ref":
                 outs[impl], grads[impl] = bench_jax_impl(selective_scan_ref, jargs, jg, rec, opts, guard, "ref")
             elif impl == "mamba":

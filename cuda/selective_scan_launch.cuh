@@ -23,30 +23,19 @@ cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The forward kernel for a launch. Default: the staged kernel (round 3) where it applies
-// (varying B/C whose groups do not split a block of rows), else the lanes-per-row kernel.
-// JAX_SELSCAN_SS_FWD=rows|tiles|staged picks one for comparisons (read per launch; "tiles"
-// is round 2, N <= 16, not for checkpoints); a choice that does not apply falls back.
-enum class FwdKind { kRows, kTiles, kStaged };
-inline FwdKind fwd_kind(const FwdArgs& a) {
+// The forward kernel for a launch: the staged kernel (round 3) where it applies (varying
+// B/C whose groups do not split a block of rows), else the lanes-per-row kernel (round 1).
+// JAX_SELSCAN_SS_FWD=rows forces round 1 (read per launch, for comparisons). (Round 2, the
+// in-warp scan "tiles" kernel, measured 12x its prediction and was removed: see
+// docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md.)
+inline bool use_staged(const FwdArgs& a) {
   const char* e = std::getenv("JAX_SELSCAN_SS_FWD");
-  const bool staged = staged_ok(a.p);
-  if (e && std::strcmp(e, "tiles") == 0 && a.mode != kCheckpoint && a.p.N <= kTileN)
-    return FwdKind::kTiles;
-  if (e && std::strcmp(e, "rows") == 0) return FwdKind::kRows;
-  return staged ? FwdKind::kStaged : FwdKind::kRows;
+  return staged_ok(a.p) && !(e && std::strcmp(e, "rows") == 0);
 }
 
 template <class T>
 cudaError_t fwd(const FwdArgs& a, int NS, cudaStream_t stream) {
-  const FwdKind kind = fwd_kind(a);
-  if (kind == FwdKind::kStaged) return fwd_staged<T>(a, stream);
-  if (kind == FwdKind::kTiles) {
-    const int64_t blocks = (a.p.batch * a.p.dim * 32 + kBlock - 1) / kBlock;
-    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    fwd_tile_kernel<T><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(a);
-    return cudaGetLastError();
-  }
+  if (use_staged(a)) return fwd_staged<T>(a, stream);
   switch (NS) {
     case 1: return launch_fwd<T, 1>(a, stream);
     case 2: return launch_fwd<T, 2>(a, stream);

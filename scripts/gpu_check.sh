@@ -4,8 +4,9 @@
 # the > 2^31-element checks and the benchmarks. Everything lands under $OUT (default ./out).
 #   STAGES="build driver pytest sanitize determinism big bench" scripts/gpu_check.sh
 # Selective scan: ss_pytest (GPU tests incl. 500-run determinism and > 2^31 elements),
-# ss_pytest_tiles (the forward-path tests with JAX_SELSCAN_SS_FWD=tiles; SS_PYTEST_K="expr" selects
-# tests of ss_pytest with pytest -k),
+# ss_pytest_rows (the forward/backward tests with the round-1 kernels forced:
+# JAX_SELSCAN_SS_FWD=rows JAX_SELSCAN_SS_BWD=rows; SS_PYTEST_K="expr" selects tests of ss_pytest
+# with pytest -k),
 # ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_bench
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
@@ -18,7 +19,7 @@ set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 LOGS=${LOGS:-/tmp/gpu_check_logs}
 mkdir -p "$OUT" "$LOGS"
-STAGES=${STAGES:-"build driver pytest determinism big bench sanitize ss_pytest ss_pytest_tiles ss_sanitize ss_bench"}
+STAGES=${STAGES:-"build driver pytest determinism big bench sanitize ss_pytest ss_pytest_rows ss_sanitize ss_bench"}
 ARCH=${ARCH:-90}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
@@ -106,10 +107,10 @@ has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_lin
 has ss_pytest && JAX_SELSCAN_BIG_TESTS=${SS_BIG:-1} JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
   step ss_pytest ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider \
   ${SS_PYTEST_K:+-k "$SS_PYTEST_K"} ${SS_PYTEST_ARGS:-}
-# The round-2 forward kernel (opt-in until it has passed here): the forward-path GPU tests with it.
-has ss_pytest_tiles && JAX_SELSCAN_SS_FWD=tiles JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
-  step ss_pytest_tiles ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider \
-  -k "forward or bidirectional or stream or vmap or determin or gradients_16bit" ${SS_PYTEST_ARGS:-}
+# The round-1 kernels (still used where the staged ones do not apply): the GPU tests with them forced.
+has ss_pytest_rows && JAX_SELSCAN_SS_FWD=rows JAX_SELSCAN_SS_BWD=rows JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
+  step ss_pytest_rows ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider \
+  -k "not choices and not 2_31" ${SS_PYTEST_ARGS:-}
 if has ss_bench; then
   [[ -n "${MAMBA_PID:-}" ]] && { wait $MAMBA_PID; tail -n 5 "$LOGS/mamba_build.log"; }
   MAMBA_ARGS=(); [[ -d /tmp/mamba_build ]] && MAMBA_ARGS=(--mamba-dir /tmp/mamba_build)

@@ -1,14 +1,11 @@
-"""CPU mirrors of the CUDA selective-scan kernels (cuda/selective_scan_kernels.cuh).
+"""CPU mirror of the round-1 CUDA selective-scan backward (cuda/selective_scan_kernels.cuh),
+and the float64 helpers the staged kernels' mirrors share (test_selective_scan_staged_mirrors.py).
 
-Each mirror re-does in NumPy what a kernel does, with the kernel's index arithmetic and
-operand order: which lane holds which time step (forward and reverse), the per-lane chunk
-scans, the warp scan with __shfl_up semantics, the exclusive prefix and the carry taken
-from lane 31, the output correction through the running product of the kept
-exponentials (fwd_tile_kernel); the checkpoint interval, the chunk recompute and the
-adjoint recurrence with its gradient formulas (bwd_kernel). Runs in CI without a GPU.
-Each mirror has deliberately broken variants (swapped combine operands, an off-by-one
-lane in the exclusive prefix, the adjoint using the wrong step's exponential); every test
-first proves the broken variant is caught, then trusts the mirror.
+The mirror re-does in NumPy, with the kernel's index arithmetic and operand order, the
+checkpoint interval, the chunk recompute and the adjoint recurrence with its gradient
+formulas (bwd_kernel), against central differences. Runs in CI without a GPU. A deliberately
+broken variant (the adjoint using the wrong step's exponential) is shown to be caught first.
+(The round-2 "tiles" forward and its mirror were removed with the kernel.)
 """
 from __future__ import annotations
 
@@ -52,96 +49,6 @@ def sequential(x, rev=False):
         y = x["C"][:, t] @ h + x["Dd"] * x["u"][t]
         out[t] = y * silu(x["z"][t])
     return out, h
-
-
-# --- fwd_tile_kernel -------------------------------------------------------------------------
-
-def tile_kernel(x, rev=False, broken=None):
-    """Mirror of fwd_tile_kernel for one row (one warp)."""
-    L = x["u"].shape[0]
-    N = x["A"].shape[0]
-    a2 = x["A"] * LOG2E
-    dt_all = dt_of(x)
-    carry = x["h0"].copy()
-    out = np.zeros(L)
-    tmap = (lambda s: L - 1 - s) if rev else (lambda s: s)
-    for st in range(0, L, 128):
-        E = np.ones((32, 4, N))
-        Pa = np.ones((32, N))
-        Ha = np.zeros((32, N))
-        y = np.zeros((32, 4))
-        cnts = []
-        for lane in range(32):
-            s0 = st + 4 * lane
-            cnt = max(0, min(4, L - s0))
-            cnts.append(cnt)
-            h = np.zeros(N)
-            pr = np.ones(N)
-            for k in range(4):
-                if k < cnt:
-                    t = tmap(s0 + k)
-                    dt, u, Bq, Cq = dt_all[t], x["u"][t], x["B"][:, t], x["C"][:, t]
-                else:  # identity steps past L: dt = 0, u = 0 (B, C loads give 0)
-                    dt, u, Bq, Cq = 0.0, 0.0, np.zeros(N), np.zeros(N)
-                E[lane, k] = np.exp2(dt * a2)
-                h = E[lane, k] * h + (dt * u) * Bq
-                pr = pr * E[lane, k]
-                y[lane, k] = Cq @ h
-            Pa[lane], Ha[lane] = pr, h
-        # Inclusive scan over lanes, __shfl_up semantics: lane reads lane - off (if >= 0).
-        for off in (1, 2, 4, 8, 16):
-            pe = np.concatenate([Pa[:off], Pa[:-off]])      # lanes < off read themselves (unused)
-            he = np.concatenate([Ha[:off], Ha[:-off]])
-            act = (np.arange(32) >= off)[:, None]
-            if broken == "swap":   # combine(later, earlier): the non-commutative mistake
-                newH = np.where(act, pe * Ha + he, Ha)
-            else:
-                newH = np.where(act, Pa * he + Ha, Ha)
-            Pa = np.where(act, Pa * pe, Pa)
-            Ha = newH
-        shift = 2 if broken == "off_by_one" else 1
-        pe = np.concatenate([np.ones((shift, N)), Pa[:-shift]])
-        he = np.concatenate([np.zeros((shift, N)), Ha[:-shift]])
-        s_in = pe * carry + he
-        carry = Pa[31] * carry + Ha[31]
-        for lane in range(32):
-            q = np.ones(N)
-            for k in range(cnts[lane]):
-                t = tmap(st + 4 * lane + k)
-                q = q * E[lane, k]
-                yk = y[lane, k] + (x["C"][:, t] * q) @ s_in[lane]
-                out[t] = (yk + x["Dd"] * x["u"][t]) * silu(x["z"][t])
-    return out, carry
-
-
-@pytest.mark.parametrize("rev", [False, True])
-@pytest.mark.parametrize("L", [1, 5, 127, 128, 300])
-def test_tile_kernel_mirror(rev, L):
-    rng = np.random.default_rng(L * 2 + rev)
-    x = make(rng, L, N=16)
-    want_out, want_last = sequential(x, rev)
-    for broken in ("swap", "off_by_one"):
-        got_out, got_last = tile_kernel(x, rev, broken)
-        if L > 4:   # one chunk only: there is no lane scan to get wrong
-            same = (np.allclose(got_out, want_out, rtol=1e-6, atol=1e-8)
-                    and np.allclose(got_last, want_last, rtol=1e-6, atol=1e-8))
-            assert not same, broken
-    got_out, got_last = tile_kernel(x, rev)
-    np.testing.assert_allclose(got_out, want_out, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(got_last, want_last, rtol=1e-9, atol=1e-9)
-
-
-def test_tile_kernel_mirror_padding_states():
-    # N < 16: the padding states have A = 0 and B = C = 0, i.e. dA = 1 and no input.
-    rng = np.random.default_rng(3)
-    x = make(rng, 200, N=5)
-    pad = 16 - 5
-    xp = dict(x, A=np.concatenate([x["A"], np.zeros(pad)]), B=np.vstack([x["B"], np.zeros((pad, 200))]),
-              C=np.vstack([x["C"], np.zeros((pad, 200))]), h0=np.concatenate([x["h0"], np.zeros(pad)]))
-    got, last = tile_kernel(xp)
-    want, wlast = sequential(x)
-    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(last[:5], wlast, rtol=1e-9, atol=1e-9)
 
 
 # --- bwd_kernel ------------------------------------------------------------------------------
