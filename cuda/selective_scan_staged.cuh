@@ -56,6 +56,31 @@ template <> struct Raw4<float> {
   __device__ __forceinline__ void get(float v[4]) const { v[0] = r.x; v[1] = r.y; v[2] = r.z; v[3] = r.w; }
 };
 
+// Four elements of src starting at time t, as loaded: 16-byte vectors when L % 4 == 0 (a
+// vector is then wholly inside [0, L) or wholly outside), else element by element; times
+// outside [0, L) read as 0.
+template <class T>
+__device__ __forceinline__ void load_raw4(const T* src, int64_t t, int64_t L, bool vec, Raw4<T>& v) {
+  v.zero();
+  if (vec) {
+    if (t >= 0 && t < L) v.load4(src, t);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (t + e >= 0 && t + e < L) v.load1(src, t + e, e);
+  }
+}
+
+// Where tile k of a walk lies: position i is time t0(k) + i (forward: tiles from t = 0;
+// reverse: from the end, the last tile reaching below 0), and shared memory holds position i
+// in walking-order slot(i), so the walk's addresses are constants.
+struct TileMap {
+  int64_t L;
+  bool rev;
+  __device__ __forceinline__ int64_t t0(int64_t k) const { return rev ? L - (k + 1) * kST : k * kST; }
+  __device__ __forceinline__ int slot(int i) const { return rev ? kST - 1 - i : i; }
+};
+
 constexpr int kG = 8;         // steps whose y the lanes of a row reduce together
 
 // Sum of v[g] over the P lanes of a row (xor partners), reduce-scattered: each halving level
@@ -150,24 +175,14 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     h[s] = (n < N && p.h0) ? p.h0[row * N + n] : 0.f;
   }
 
-  // Time of tile position i is t0 + i; positions outside [0, L) are padding.
   const int64_t ntiles = (L + kST - 1) / kST;
-  auto tile_t0 = [&](int64_t k) { return rev ? L - (k + 1) * kST : k * kST; };
-  auto load_vec = [&](const T* src, int64_t t, Raw4<T>& v) {
-    v.zero();
-    if (vec) {
-      if (t >= 0 && t < L) v.load4(src, t);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (t + e >= 0 && t + e < L) v.load1(src, t + e, e);
-    }
-  };
+  const TileMap tm{L, rev};
+  auto load_vec = [&](const T* src, int64_t t, Raw4<T>& v) { load_raw4(src, t, L, vec, v); };
 
   // Registers holding the next tile.
   Raw4<T> ru[VPT], rd[VPT], rz[VPT], rb[BPT], rc[BPT];
   auto load_tile = [&](int64_t k) {
-    const int64_t t0 = tile_t0(k);
+    const int64_t t0 = tm.t0(k);
 #pragma unroll
     for (int m = 0; m < VPT; ++m) {
       const int v = tid + m * NT;
@@ -189,11 +204,9 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       if (outputs) load_vec(Cp + (ok ? n : 0) * L, t, rc[m]);
     }
   };
-  // Shared memory holds the tile in walking order: slot j is step j of the walk (the
-  // reverse direction walks positions kST-1 .. 0), so the walk's addresses are constants.
-  auto slot = [&](int i) { return rev ? kST - 1 - i : i; };
+  auto slot = [&](int i) { return tm.slot(i); };
   auto stage_tile = [&](int64_t k, float* buf) {
-    const int64_t t0 = tile_t0(k);
+    const int64_t t0 = tm.t0(k);
     float4* X = reinterpret_cast<float4*>(buf);
     float2* BC = reinterpret_cast<float2*>(buf + kSRows * kSX * 4);
     // Per mode: add = addmul * u (kAddY adds ybuf when writing), gate = silu(z) unless kRawY.
@@ -289,7 +302,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     __syncthreads();
 
     if (outputs) {  // out = (y + add) * gate, coalesced
-      const int64_t t0 = tile_t0(k);
+      const int64_t t0 = tm.t0(k);
       const float4* Xb = reinterpret_cast<const float4*>(buf);
       const float* Yb = buf + kSRows * kSX * 4 + kST * NP * 2;
 #pragma unroll

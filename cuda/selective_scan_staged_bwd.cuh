@@ -81,21 +81,12 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   }
 
   const int64_t ntiles = (L + kST - 1) / kST;
-  auto tile_t0 = [&](int64_t k) { return rev ? L - (k + 1) * kST : k * kST; };
-  auto slot = [&](int i) { return rev ? kST - 1 - i : i; };
-  auto load_vec = [&](const T* src, int64_t t, Raw4<T>& v) {
-    v.zero();
-    if (vec) {
-      if (t >= 0 && t < L) v.load4(src, t);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (t + e >= 0 && t + e < L) v.load1(src, t + e, e);
-    }
-  };
+  const TileMap tm{L, rev};
+  auto slot = [&](int i) { return tm.slot(i); };
+  auto load_vec = [&](const T* src, int64_t t, Raw4<T>& v) { load_raw4(src, t, L, vec, v); };
   Raw4<T> ru[VPT], rd[VPT], rz[VPT], rg[VPT], rb[BPT], rc[BPT];
   auto load_tile = [&](int64_t k) {
-    const int64_t t0 = tile_t0(k);
+    const int64_t t0 = tm.t0(k);
 #pragma unroll
     for (int m = 0; m < VPT; ++m) {
       const int v = tid + m * NT;
@@ -124,7 +115,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   for (int m = 0; m < VPT; ++m) accD[m] = accBias[m] = 0.f;
 
   auto stage_tile = [&](int64_t k) {
-    const int64_t t0 = tile_t0(k);
+    const int64_t t0 = tm.t0(k);
 #pragma unroll
     for (int m = 0; m < VPT; ++m) {
       const int v = tid + m * NT;
@@ -270,7 +261,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     __syncthreads();
 
     // Write-out of the tile's per-element gradients, coalesced.
-    const int64_t t0 = tile_t0(k);
+    const int64_t t0 = tm.t0(k);
 #pragma unroll
     for (int m = 0; m < VPT; ++m) {
       const int v = tid + m * NT;
