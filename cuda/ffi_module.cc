@@ -28,8 +28,10 @@ namespace ffi = xla::ffi;
 
 namespace jss {
 
-// One memory pool per device, created on first use; it keeps up to 256 MiB cached so that
-// the per-call allocations are cheap.
+// One memory pool per device, created on first use. It keeps what it has mapped (release
+// threshold: unlimited), as a caching allocator does: with a 256 MiB threshold the selective
+// scan's backward scratch (0.3-1 GB at Mamba sizes: checkpoints and dB/dC partials) was
+// unmapped at every synchronisation and mapped again by the next call.
 static cudaError_t scratch_pool(int dev, cudaMemPool_t* out) {
   static std::mutex mu;
   static cudaMemPool_t pools[128] = {};
@@ -43,7 +45,7 @@ static cudaError_t scratch_pool(int dev, cudaMemPool_t* out) {
     cudaMemPool_t pool;
     cudaError_t err = cudaMemPoolCreate(&pool, &props);
     if (err != cudaSuccess) return err;
-    uint64_t keep = 256ull << 20;
+    uint64_t keep = UINT64_MAX;
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
     pools[dev] = pool;
   }
