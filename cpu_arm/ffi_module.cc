@@ -19,6 +19,7 @@
 #include <string>
 
 #include "linear_scan_cpu.h"
+#include "selective_scan_cpu.h"  // select_ss_table (ss_lanes)
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/string.h"
 #include "xla/ffi/api/ffi.h"
@@ -206,6 +207,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanLinearScanProd, jax_selscan::LinearScanP
 // selective_scan (selective_scan_ffi.cc)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxSelscanSelectiveScan);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxSelscanSelectiveScanBwd);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxSelscanSelectiveScanCkpt);
 
 NB_MODULE(_cpu, m) {
   m.doc() = "jax_selscan CPU kernels (XLA FFI handlers)";
@@ -215,6 +217,8 @@ NB_MODULE(_cpu, m) {
     d["jax_selscan_linear_scan_prod"] =
         nb::capsule(reinterpret_cast<void*>(JaxSelscanLinearScanProd));
     d["jax_selscan_selective_scan"] = nb::capsule(reinterpret_cast<void*>(JaxSelscanSelectiveScan));
+    d["jax_selscan_selective_scan_ckpt"] =
+        nb::capsule(reinterpret_cast<void*>(JaxSelscanSelectiveScanCkpt));
     d["jax_selscan_selective_scan_bwd_cpu"] =
         nb::capsule(reinterpret_cast<void*>(JaxSelscanSelectiveScanBwd));
     return d;
@@ -225,6 +229,11 @@ NB_MODULE(_cpu, m) {
     if (t == nullptr) throw std::runtime_error(error);
     return std::string(t->name);
   }, "The kernel ISA a call would use now (honours JAX_SELSCAN_CPU_ISA).");
+  m.def("ss_lanes", [] {
+    std::string error;
+    const jax_selscan::SsTable* t = jax_selscan::select_ss_table(&error);
+    return t == nullptr ? 0 : static_cast<int>(t->lanes);
+  }, "Channels per task (= steps per checkpoint block) of the selective scan's ISA now; 0: none.");
   m.def("supported_isas", [] {
     nb::list l;
     for (const jax_selscan::KernelTable* t : jax_selscan::supported_kernel_tables())

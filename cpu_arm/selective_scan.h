@@ -224,6 +224,8 @@ struct Ctx {
   float* yr;                           // [L][W]
   float* dA;                           // [L][N][W] or null
   float* Ps;                           // [N][W] dA's running product (L split)
+  float* ck;                           // checkpoints of this pass's direction (channel d0's
+                                       // row + 1 + set offset; rows ckpt_row apart) or null
   float dmax;                          // delta <= dmax keeps delta * A2 >= -125 (-1: never)
 };
 
@@ -317,6 +319,16 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
     const int64_t blk = reverse ? nblocks - 1 - bi : bi;
     const int64_t t0 = blk * W;
     const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
+    if (c.ck != nullptr) {  // the state entering the block, for the backward (SsParams::ckpt)
+      if constexpr (NS > 0) {
+        JSS_UNROLL
+        for (int n = 0; n < NS; ++n) simd::store(c.hs + n * W, hreg[n]);
+      }
+      for (int r = 0; r < c.nch; ++r) {
+        float* dst = c.ck + r * c.p->ckpt_row + blk * N;
+        for (int64_t n = 0; n < N; ++n) dst[n] = c.hs[n * W + r];
+      }
+    }
     prepare<BVAR, CVAR>(c, t0, nt);
     for (int k = 0; k < nt; ++k) {
       const int tb = reverse ? nt - 1 - k : k;
@@ -422,6 +434,11 @@ void run_task(const Ctx& c, const SsTask& t) {
     run_piece<NS, BVAR, CVAR>(c, t);
     return;
   }
+  // Checkpoints (SsParams::ckpt): the driver checked ckpt_row; sets as ss_ckpt_row.
+  Ctx& cm = const_cast<Ctx&>(c);
+  float* row = p.ckpt != nullptr ? p.ckpt + (c.b * p.dim + c.d0) * p.ckpt_row : nullptr;
+  const int64_t set = ((c.L + W - 1) / W) * c.N;
+  cm.ck = row != nullptr ? row + 1 : nullptr;
   switch (p.direction) {
     case SsDirection::kForward:
       pass<NS, BVAR, CVAR, 0>(c, false, false, false);
@@ -436,11 +453,15 @@ void run_task(const Ctx& c, const SsTask& t) {
       else pass<NS, BVAR, CVAR, 0>(c, true, true, false);
       save_state(c, p.last_rev);
       init_state(c);
+      if (row != nullptr) cm.ck = row + 1 + set;
       if (c.dA != nullptr) pass<NS, BVAR, CVAR, 2>(c, false, false, true);
       else pass<NS, BVAR, CVAR, 0>(c, false, false, true);
       save_state(c, p.last_fwd);
       break;
   }
+  cm.ck = nullptr;
+  if (row != nullptr)
+    for (int r = 0; r < c.nch; ++r) row[r * p.ckpt_row] = static_cast<float>(W);
 }
 
 
@@ -909,6 +930,7 @@ inline void run(const SsParams& p, const SsTask& t) {
   c.yr = t.split ? t.yr : p.direction == SsDirection::kBidirectional ? take(c.L * W) : nullptr;
   c.dA = t.split ? nullptr : t.dA;
   c.Ps = take(c.N * W);
+  c.ck = nullptr;
 
   const float k = p.direction == SsDirection::kBidirectional ? 2.0f : 1.0f;
   for (int r = 0; r < W; ++r) {

@@ -36,7 +36,25 @@ struct SsParams {
   void* out; SsType out_t;
   float* last_fwd;
   float* last_rev;
+  // Checkpoints for the backward (null: not wanted), (batch, dim, ckpt_row) float32,
+  // see ss_ckpt_row. Row (b, d): element 0 is `lanes` (as a float) when the forward
+  // wrote that channel's checkpoints, 0 when it did not (the along-L path, the L
+  // split, or ckpt_row != ss_ckpt_row(lanes, ...): the backward then runs its own
+  // sweep); then per direction set (bidirectional: the reverse set first, then the
+  // forward set; otherwise the call's one direction) [blocks][dstate]: the state
+  // entering block k of `lanes` steps (steps [k lanes, (k + 1) lanes), entered at
+  // its first step in scan order: the end of the block for reverse), exactly the
+  // state the backward's checkpoint sweep computes (same arithmetic, same bits).
+  float* ckpt;
+  int64_t ckpt_row;
 };
+
+// Floats per (batch, channel) row of the checkpoints: a flag, then one state per
+// block of `lanes` steps and direction.
+inline int64_t ss_ckpt_row(int64_t lanes, int64_t dstate, int64_t length, SsDirection dir) {
+  const int64_t blocks = (length + lanes - 1) / lanes;
+  return 1 + (dir == SsDirection::kBidirectional ? 2 : 1) * blocks * dstate;
+}
 
 // One task: batch row `b`, channels [d0, d0 + nch) with nch <= lanes, all in
 // one B group and one C group. `work` holds ss_work_floats(...) floats (64-byte

@@ -4,7 +4,9 @@
 // B group, one C group), every vector op on `lanes` independent recurrences.
 // Per direction (bidirectional: reverse, then forward, gradients added):
 //   1. checkpoint sweep: the forward recurrence in scan order, keeping the state
-//      entering every block of `lanes` steps (ckpt, [blocks][N][lanes]);
+//      entering every block of `lanes` steps (ckpt, [blocks][N][lanes]); skipped when
+//      the forward saved them (SsParams::ckpt, read through SsBwdParams::ckpt: the
+//      same bits, copied in, ~1/(N lanes) of the sweep's work);
 //   2. blocks in reverse scan order: recompute the block's states from its
 //      checkpoint, keeping dA = exp(delta A) and h for its `lanes` steps (E, H:
 //      [lanes][N][lanes] each, L1) and y = sum_n C h when z is present; then walk
@@ -27,13 +29,15 @@
 // task order, so results do not depend on the thread count or schedule. Varying
 // dB / dC partials are per slab (a fixed run of the group's tiles, the tasks of a
 // slab run in order on one thread, accumulating): memory slabs * L * N, not tasks * L * N.
-// Work per (t, n): two exp2 of the forward's kind (sweep, recompute), ~60 vector
+// Work per (t, n): two exp2 of the forward's kind (sweep, recompute; one when the
+// forward saved the checkpoints), ~60 vector
 // ops in all; memory: delta, u and B are read twice (sweep, walk), C, dout and z
 // once, each gradient written once; nothing of size L * N per channel is stored.
 #pragma once
 
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
 
 #include "selective_scan.h"
 #include "selective_scan_bwd_api.h"
@@ -63,6 +67,7 @@ struct BCtx {
   float *redB, *redC;                 // [NP][W] (rows >= N stay zero)
   float dk;                           // k: 2 for bidirectional, else 1
   float dmax;
+  const float* ckrow;                 // the forward's checkpoints: channel d0's row, or null
 };
 
 // B / C rows (n, t0 .. t0 + W) of the block, zero beyond nt.
@@ -160,23 +165,42 @@ void sweep(const BCtx& c, bool rev) {
       const VF dlv = simd::load(c.dl + tb * W);
       const VF duv = simd::mul(dlv, simd::load(c.uu + tb * W));
       const bool fast = fast_range(c, dlv);
-      auto step = [&](int64_t n, VF h) JSS_INLINE_LAMBDA {
-        const VF a = exp_da(fast, simd::mul(dlv, simd::load(c.A2 + n * W)));
-        const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
-        return simd::fma(a, h, simd::mul(duv, bb));
+      // Shaped like the forward's pass (ss::pass: one loop per exp2 variant, chosen by a
+      // compile-time tag) so that the compiler treats delta * A2 alike (contracting it into
+      // exp2's first add / sub or not): the states are bitwise the forward's, which lets
+      // the forward's checkpoints (SsParams::ckpt) stand in for this sweep.
+      auto all_states = [&](auto fast_tag) JSS_INLINE_LAMBDA {
+        auto step = [&](int64_t n, VF h) JSS_INLINE_LAMBDA {
+          const VF x = simd::mul(dlv, simd::load(c.A2 + n * W));
+          const VF a = decltype(fast_tag)::value ? simd::exp2_inrange(x) : simd::exp2_any(x);
+          const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
+          return simd::fma(a, h, simd::mul(duv, bb));
+        };
+        if constexpr (NS > 0) {
+          JSS_UNROLL
+          for (int n = 0; n < NS; ++n) hr[n] = step(n, hr[n]);
+        } else {
+          for (int64_t n = 0; n < N; ++n) simd::store(c.hs + n * W, step(n, simd::load(c.hs + n * W)));
+        }
       };
-      if constexpr (NS > 0) {
-        JSS_UNROLL
-        for (int n = 0; n < NS; ++n) hr[n] = step(n, hr[n]);
-      } else {
-        for (int64_t n = 0; n < N; ++n) simd::store(c.hs + n * W, step(n, simd::load(c.hs + n * W)));
-      }
+      if (fast) all_states(std::true_type());
+      else all_states(std::false_type());
     }
     if constexpr (NS > 0) {
       JSS_UNROLL
       for (int n = 0; n < NS; ++n) simd::store(c.hs + n * W, hr[n]);
     }
   }
+}
+
+// 1'. The same checkpoints from the forward (SsBwdParams::ckpt): set `set` of the rows.
+inline void load_ckpt(const BCtx& c, int64_t set) {
+  const int64_t NB = c.nblocks * c.N;
+  for (int64_t blk = 0; blk < c.nblocks; ++blk)
+    for (int r = 0; r < W; ++r) {
+      const float* src = r < c.nch ? c.ckrow + r * c.q->ckpt_row + 1 + set * NB + blk * c.N : nullptr;
+      for (int64_t n = 0; n < c.N; ++n) c.ckpt[(blk * c.N + n) * W + r] = src != nullptr ? src[n] : 0.0f;
+    }
 }
 
 // 2. Blocks in reverse scan order: recompute, then the adjoint walk.
@@ -340,11 +364,13 @@ template <int NS, bool BVAR, bool CVAR>
 void run_dirs(BCtx& c, const SsBwdTask& t) {
   const SsParams& p = *c.p;
   if (p.direction != SsDirection::kForward) {
-    sweep<NS, BVAR>(c, true);
+    if (c.ckrow != nullptr) load_ckpt(c, 0);
+    else sweep<NS, BVAR>(c, true);
     walk<NS, BVAR, CVAR>(c, t, true, c.q->dlast_rev, p.direction == SsDirection::kReverse);
   }
   if (p.direction != SsDirection::kReverse) {
-    sweep<NS, BVAR>(c, false);
+    if (c.ckrow != nullptr) load_ckpt(c, p.direction == SsDirection::kBidirectional ? 1 : 0);
+    else sweep<NS, BVAR>(c, false);
     walk<NS, BVAR, CVAR>(c, t, false, c.q->dlast_fwd, true);
   }
 }
@@ -385,6 +411,14 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
   c.accBias = simd::broadcast(0.0f);
   c.redB = take(c.NP * W); c.redC = take(c.NP * W);
   c.dk = p.direction == SsDirection::kBidirectional ? 2.0f : 1.0f;
+  // The forward's checkpoints when it wrote them for every channel of the task.
+  c.ckrow = nullptr;
+  if (q.ckpt != nullptr && q.ckpt_row == ss_ckpt_row(W, c.N, c.L, p.direction)) {
+    const float* row = q.ckpt + (t.b * p.dim + t.d0) * q.ckpt_row;
+    bool all = true;
+    for (int r = 0; r < c.nch; ++r) all = all && row[r * q.ckpt_row] == static_cast<float>(W);
+    if (all) c.ckrow = row;
+  }
   for (int r = 0; r < W; ++r) {
     const bool in = r < c.nch;
     const int64_t d = t.d0 + r;

@@ -24,6 +24,11 @@ struct SsBwdParams {
   const float* dlast_fwd;
   const float* dlast_rev;
   float *du, *ddelta, *dz, *dA, *dB, *dC, *dD, *ddelta_bias, *dh0;
+  // The forward's checkpoints (SsParams::ckpt, (batch, dim, ckpt_row)) or null. A task
+  // whose channels all carry the flag `lanes` (and ckpt_row = ss_ckpt_row(...)) reads
+  // its checkpoints from there instead of running the sweep; bitwise the same result.
+  const float* ckpt;
+  int64_t ckpt_row;
 };
 
 // One task: batch row b, channels [d0, d0 + nch) (nch <= lanes), in one B group

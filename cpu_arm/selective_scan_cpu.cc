@@ -46,7 +46,16 @@ Buffer alloc_floats(int64_t n) {
 }
 }  // namespace
 
-void selective_scan_cpu(const SsParams& p, const SsTable& table, Executor& executor) {
+void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& executor) {
+  // Checkpoints: every row's flag starts at 0 ("not written"); the channel-path tasks
+  // (not the along-L path, not the L split) write theirs and set it. A row length
+  // other than this ISA's leaves them all unwritten.
+  SsParams p = p_in;
+  if (p.ckpt != nullptr) {
+    if (p.ckpt_row >= 1)
+      for (int64_t i = 0; i < p.batch * p.dim; ++i) p.ckpt[i * p.ckpt_row] = 0.0f;
+    if (p.ckpt_row != ss_ckpt_row(table.lanes, p.dstate, p.length, p.direction)) p.ckpt = nullptr;
+  }
   if (p.batch == 0 || p.dim == 0 || p.length == 0) {
     // Nothing to scan: the last states are h0 (or zeros).
     for (float* last : {p.last_fwd, p.last_rev}) {
@@ -101,6 +110,7 @@ void selective_scan_cpu(const SsParams& p, const SsTable& table, Executor& execu
       units = std::min(units, ss_units(lanes, nch, p.dstate, p.length));
     pieces = std::min({(threads + tasks - 1) / tasks, std::max<int64_t>(1, p.length / min_piece), units});
   }
+  if (pieces > 1) p.ckpt = nullptr;
   if (pieces <= 1) {
     const int64_t da_floats = p.length * p.dstate * lanes;
     int64_t max_da = kSsMaxDABytes;

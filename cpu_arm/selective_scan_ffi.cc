@@ -8,11 +8,18 @@
 //            last_fwd, last_rev: (batch, D, N) float32, or zero-size when not wanted
 //     attrs: delta_softplus (bool), direction (int64: 0 forward, 1 reverse,
 //            2 bidirectional), has_D, has_z, has_delta_bias, has_h0 (bool)
+//
+//   jax_selscan_selective_scan_ckpt (the forward under differentiation)
+//     as jax_selscan_selective_scan, with a fourth result: the checkpoints for the
+//     backward, float32 (batch, D, K) (layout: SsParams::ckpt, K = ss_ckpt_row(lanes,
+//     N, L, direction) for the ISA in use; any other K: every row flagged unwritten).
 //   dtypes: float32, bfloat16, float16 for every array (mixed allowed); float32 state.
 //
 //   jax_selscan_selective_scan_bwd_cpu
 //     args:  the nine above, then dout (u's shape, float32/bfloat16/float16),
-//            dlast_fwd, dlast_rev ((batch, D, N) float32, or zero-size: zero)
+//            dlast_fwd, dlast_rev ((batch, D, N) float32, or zero-size: zero),
+//            ckpt (the forward's checkpoints (batch, D, K), or zero-size: the
+//            backward runs its own checkpoint sweep)
 //     rets:  du, ddelta, dz, dA, dB, dC, dD, ddelta_bias, dh0, all float32 in the
 //            operands' shapes (absent operands: zero-size placeholders)
 //     attrs: as the forward. Gradients summed over channels / batch / time are
@@ -193,14 +200,15 @@ std::string parse_inputs(const ffi::AnyBuffer& u, const ffi::AnyBuffer& delta, c
   return "";
 }
 
-ffi::Error SelectiveScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuffer delta,
-                             ffi::AnyBuffer A, ffi::AnyBuffer B, ffi::AnyBuffer C,
-                             ffi::AnyBuffer D, ffi::AnyBuffer z, ffi::AnyBuffer delta_bias,
-                             ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
-                             ffi::Result<ffi::AnyBuffer> last_fwd,
-                             ffi::Result<ffi::AnyBuffer> last_rev, bool delta_softplus,
-                             int64_t direction, bool has_D, bool has_z, bool has_delta_bias,
-                             bool has_h0) {
+// ckpt: the checkpoints result of jax_selscan_selective_scan_ckpt, or null.
+ffi::Error SelectiveScanCommon(ffi::ThreadPool& pool, ffi::AnyBuffer u, ffi::AnyBuffer delta,
+                               ffi::AnyBuffer A, ffi::AnyBuffer B, ffi::AnyBuffer C,
+                               ffi::AnyBuffer D, ffi::AnyBuffer z, ffi::AnyBuffer delta_bias,
+                               ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer>& out,
+                               ffi::Result<ffi::AnyBuffer>& last_fwd,
+                               ffi::Result<ffi::AnyBuffer>& last_rev, ffi::AnyBuffer* ckpt,
+                               bool delta_softplus, int64_t direction, bool has_D, bool has_z,
+                               bool has_delta_bias, bool has_h0) {
   const std::string where = "jax_selscan selective_scan (CPU): ";
   auto bad = [&](const std::string& m) { return ffi::Error::InvalidArgument(where + m); };
   SsParams p;
@@ -220,20 +228,54 @@ ffi::Error SelectiveScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuf
       return bad("last states must be float32 (batch, D, N) or zero-size");
     *dst = static_cast<float*>(res->untyped_data());
   }
+  p.ckpt = nullptr;
+  p.ckpt_row = 0;
+  if (ckpt != nullptr && numel(*ckpt) != 0) {
+    auto cd = ckpt->dimensions();
+    if (ckpt->element_type() != ffi::F32 || cd.size() != 3 || cd[0] != batch || cd[1] != dim || cd[2] < 1)
+      return bad("checkpoints must be float32 (batch, D, K >= 1) or zero-size");
+    p.ckpt = static_cast<float*>(ckpt->untyped_data());
+    p.ckpt_row = cd[2];
+  }
   std::string error;
   const SsTable* table = select_ss_table(&error);
   if (table == nullptr) return bad(error);
   advise_huge_pages_out(p.out, out->size_bytes());
+  if (p.ckpt != nullptr) advise_huge_pages_out(p.ckpt, ckpt->size_bytes());
   SsPoolExecutor executor(pool);
   selective_scan_cpu(p, *table, executor);
   return ffi::Error::Success();
+}
+
+ffi::Error SelectiveScanImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuffer delta,
+                             ffi::AnyBuffer A, ffi::AnyBuffer B, ffi::AnyBuffer C,
+                             ffi::AnyBuffer D, ffi::AnyBuffer z, ffi::AnyBuffer delta_bias,
+                             ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
+                             ffi::Result<ffi::AnyBuffer> last_fwd,
+                             ffi::Result<ffi::AnyBuffer> last_rev, bool delta_softplus,
+                             int64_t direction, bool has_D, bool has_z, bool has_delta_bias,
+                             bool has_h0) {
+  return SelectiveScanCommon(pool, u, delta, A, B, C, D, z, delta_bias, h0, out, last_fwd, last_rev, nullptr,
+                             delta_softplus, direction, has_D, has_z, has_delta_bias, has_h0);
+}
+
+ffi::Error SelectiveScanCkptImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuffer delta,
+                                 ffi::AnyBuffer A, ffi::AnyBuffer B, ffi::AnyBuffer C,
+                                 ffi::AnyBuffer D, ffi::AnyBuffer z, ffi::AnyBuffer delta_bias,
+                                 ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
+                                 ffi::Result<ffi::AnyBuffer> last_fwd,
+                                 ffi::Result<ffi::AnyBuffer> last_rev, ffi::Result<ffi::AnyBuffer> ckpt,
+                                 bool delta_softplus, int64_t direction, bool has_D, bool has_z,
+                                 bool has_delta_bias, bool has_h0) {
+  return SelectiveScanCommon(pool, u, delta, A, B, C, D, z, delta_bias, h0, out, last_fwd, last_rev, &*ckpt,
+                             delta_softplus, direction, has_D, has_z, has_delta_bias, has_h0);
 }
 
 ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::AnyBuffer delta,
                                 ffi::AnyBuffer A, ffi::AnyBuffer B, ffi::AnyBuffer C,
                                 ffi::AnyBuffer D, ffi::AnyBuffer z, ffi::AnyBuffer delta_bias,
                                 ffi::AnyBuffer h0, ffi::AnyBuffer dout, ffi::AnyBuffer dlast_fwd,
-                                ffi::AnyBuffer dlast_rev, ffi::Result<ffi::AnyBuffer> du,
+                                ffi::AnyBuffer dlast_rev, ffi::AnyBuffer ckpt, ffi::Result<ffi::AnyBuffer> du,
                                 ffi::Result<ffi::AnyBuffer> ddelta, ffi::Result<ffi::AnyBuffer> dz,
                                 ffi::Result<ffi::AnyBuffer> dA, ffi::Result<ffi::AnyBuffer> dB,
                                 ffi::Result<ffi::AnyBuffer> dC, ffi::Result<ffi::AnyBuffer> dD,
@@ -258,6 +300,15 @@ ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::Any
     if (buf->element_type() != ffi::F32 || !dims_are(*buf, {batch, dim, dstate}))
       return bad("last-state cotangents must be float32 (batch, D, N) or zero-size");
     *dst = static_cast<const float*>(buf->untyped_data());
+  }
+  q.ckpt = nullptr;
+  q.ckpt_row = 0;
+  if (numel(ckpt) != 0) {
+    auto cd = ckpt.dimensions();
+    if (ckpt.element_type() != ffi::F32 || cd.size() != 3 || cd[0] != batch || cd[1] != dim || cd[2] < 1)
+      return bad("checkpoints must be float32 (batch, D, K >= 1) or zero-size");
+    q.ckpt = static_cast<const float*>(ckpt.untyped_data());
+    q.ckpt_row = cd[2];
   }
   // Gradient buffers: float32, the operand's element count (null when absent).
   struct Out { ffi::AnyBuffer* res; bool present; const ffi::AnyBuffer* like; float** dst; const char* name; };
@@ -310,6 +361,29 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScan, jax_selscan::SelectiveSca
                                   .Attr<bool>("has_delta_bias")
                                   .Attr<bool>("has_h0"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScanCkpt, jax_selscan::SelectiveScanCkptImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // u
+                                  .Arg<ffi::AnyBuffer>()  // delta
+                                  .Arg<ffi::AnyBuffer>()  // A
+                                  .Arg<ffi::AnyBuffer>()  // B
+                                  .Arg<ffi::AnyBuffer>()  // C
+                                  .Arg<ffi::AnyBuffer>()  // D
+                                  .Arg<ffi::AnyBuffer>()  // z
+                                  .Arg<ffi::AnyBuffer>()  // delta_bias
+                                  .Arg<ffi::AnyBuffer>()  // h0
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // last_fwd
+                                  .Ret<ffi::AnyBuffer>()  // last_rev
+                                  .Ret<ffi::AnyBuffer>()  // ckpt
+                                  .Attr<bool>("delta_softplus")
+                                  .Attr<int64_t>("direction")
+                                  .Attr<bool>("has_D")
+                                  .Attr<bool>("has_z")
+                                  .Attr<bool>("has_delta_bias")
+                                  .Attr<bool>("has_h0"));
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScanBwd, jax_selscan::SelectiveScanBwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
@@ -325,6 +399,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScanBwd, jax_selscan::Selective
                                   .Arg<ffi::AnyBuffer>()  // dout
                                   .Arg<ffi::AnyBuffer>()  // dlast_fwd
                                   .Arg<ffi::AnyBuffer>()  // dlast_rev
+                                  .Arg<ffi::AnyBuffer>()  // ckpt
                                   .Ret<ffi::AnyBuffer>()  // du
                                   .Ret<ffi::AnyBuffer>()  // ddelta
                                   .Ret<ffi::AnyBuffer>()  // dz

@@ -12,6 +12,7 @@ LINEAR_SCAN = "jax_selscan_linear_scan"
 LINEAR_SCAN_PROD = "jax_selscan_linear_scan_prod"
 SELECTIVE_SCAN = "jax_selscan_selective_scan"            # CPU (forward)
 SELECTIVE_SCAN_BWD = "jax_selscan_selective_scan_bwd_cpu"  # CPU (backward)
+SELECTIVE_SCAN_CKPT = "jax_selscan_selective_scan_ckpt"    # CPU (forward + checkpoints)
 SELECTIVE_SCAN_FWD_CUDA = "jax_selscan_selective_scan_fwd"
 SELECTIVE_SCAN_BWD_CUDA = "jax_selscan_selective_scan_bwd"
 
@@ -28,3 +29,11 @@ def _register(module_name: str, platform: str) -> bool:
 
 HAS_CPU = _register("_cpu", "cpu")
 HAS_CUDA = _register("_cuda", "CUDA")
+
+
+def ss_lanes() -> int:
+    """Steps per checkpoint block of the CPU selective scan's ISA now (0: no CPU kernel)."""
+    if not HAS_CPU:
+        return 0
+    from . import _cpu
+    return int(_cpu.ss_lanes())

@@ -266,12 +266,18 @@ def _scan_kernel_jvp(delta_softplus, return_last_state, direction, primals, tang
     # The tangent map is the primitive selective_scan_lin_p (selective_scan_primitives.py):
     # evaluated by the pure-JAX JVP in forward mode, and transposed in reverse mode into
     # selective_scan_bwd_p, the fused backward kernel on GPU and CPU.
+    # On CPU the forward also saves the backward's checkpoints (ckpt_row > 0), a residual
+    # that the linearisation carries to the backward kernel, which then skips its own
+    # checkpoint sweep (a plain forward call never writes them). Forward mode ignores them.
     params = dict(delta_softplus=bool(delta_softplus), return_last_state=bool(return_last_state),
                   direction=direction)
-    outs = primitives.selective_scan_bind(*primals, **params)
+    ckpt_row = primitives.ckpt_row_for(*primals, direction=direction)
+    outs = primitives.selective_scan_bind(*primals, **params, ckpt_row=ckpt_row)
+    ckpt = outs[3] if ckpt_row else None
+    outs = outs[:3]
     ops, flags = primitives.operands(*primals)
     tops, _ = primitives.operands(*tangents, like=flags)
-    touts = primitives.selective_scan_lin_bind(ops, tops, **params, **flags)
+    touts = primitives.selective_scan_lin_bind(ops, tops, ckpt, **params, **flags)
     return (_assemble(outs, return_last_state, direction),
             _assemble(touts, return_last_state, direction))
 

@@ -2,14 +2,23 @@
 
 Three primitives, all with the same nine operands and the same static parameters:
 
-* ``selective_scan_p``: the forward scan -> [out, last_fwd, last_rev].
-* ``selective_scan_lin_p``: its linearisation (nine primals, nine tangents) -> the
-  tangents of [out, last_fwd, last_rev]. Evaluated (forward mode) by the pure-JAX JVP;
-  transposed (reverse mode) into ``selective_scan_bwd_p``.
+* ``selective_scan_p``: the forward scan -> [out, last_fwd, last_rev] (+ the checkpoints
+  when bound with ``ckpt_row`` > 0).
+* ``selective_scan_lin_p``: its linearisation (nine primals, the checkpoints, nine
+  tangents) -> the tangents of [out, last_fwd, last_rev]. Evaluated (forward mode) by
+  the pure-JAX JVP; transposed (reverse mode) into ``selective_scan_bwd_p``.
 * ``selective_scan_bwd_p``: the vector-Jacobian product (nine primals, the cotangents
-  of out, last_fwd, last_rev) -> the nine gradients. The fused CUDA backward kernel on
-  GPU (cuda/selective_scan_kernels.cuh), the fused CPU backward kernel on CPU
-  (cpu_arm/selective_scan_bwd.h); elsewhere (float64, no kernel) the pure-JAX VJP.
+  of out, last_fwd, last_rev, the checkpoints) -> the nine gradients. The fused CUDA
+  backward kernel on GPU (cuda/selective_scan_kernels.cuh), the fused CPU backward kernel
+  on CPU (cpu_arm/selective_scan_bwd.h); elsewhere (float64, no kernel) the pure-JAX VJP.
+
+The checkpoints: under differentiation on CPU, the forward (``ckpt_row`` > 0) also
+returns the state entering every block of the backward's `lanes` steps, (batch, D,
+ckpt_row) float32 (layout: SsParams::ckpt in cpu_arm/selective_scan_api.h), a
+non-differentiable residual that selective_scan_lin_p carries to selective_scan_bwd_p,
+whose CPU kernel then skips its own checkpoint sweep. A (0,) placeholder (or rows
+flagged unwritten) means none: the backward sweeps. CUDA and the pure-JAX paths ignore
+it.
 
 selective_scan.py wraps the forward in a jax.custom_jvp whose rule binds
 ``selective_scan_lin_p``, so jvp, grad, vjp, jit and vmap all work and reverse mode
@@ -47,7 +56,8 @@ def _ss_module():
 #   z (batch, D, L); delta_bias (D,); h0 (batch, D, N).
 # Results: [out (batch, D, L) in u's dtype, last_fwd, last_rev], the last states
 # (batch, D, N) in the compute dtype when return_last_state and the direction has
-# them, else placeholders of shape (0,).
+# them, else placeholders of shape (0,); with ckpt_row > 0 (only bound by the JVP rule,
+# see ckpt_row_for) a fourth, the checkpoints (batch, D, ckpt_row) float32.
 # Lowering: the CPU / CUDA FFI kernels when every operand is float32/bfloat16/float16
 # (CUDA: also 1 <= N <= 128 and no empty axis); otherwise (float64, other platforms)
 # the pure-JAX formulation (selective_scan._compute_jax). Differentiation is not defined
@@ -81,12 +91,42 @@ def operands(u, delta, A, B, C, D, z, delta_bias, h0, like=None):
 
 
 def selective_scan_bind(u, delta, A, B, C, D, z, delta_bias, h0, *, delta_softplus,
-                        return_last_state, direction):
-    """Bind the primitive; None for absent optional arrays. Returns (out, last_fwd, last_rev)."""
+                        return_last_state, direction, ckpt_row=0):
+    """Bind the primitive; None for absent optional arrays. Returns (out, last_fwd, last_rev)
+    (and the checkpoints when ckpt_row > 0)."""
     ops, flags = operands(u, delta, A, B, C, D, z, delta_bias, h0)
+    extra = dict(ckpt_row=int(ckpt_row)) if ckpt_row else {}
     return selective_scan_p.bind(
         *ops, delta_softplus=bool(delta_softplus), return_last_state=bool(return_last_state),
-        direction=direction, **flags)
+        direction=direction, **flags, **extra)
+
+
+def no_ckpt():
+    """The checkpoints placeholder: none (the backward runs its own sweep)."""
+    return jnp.zeros((0,), jnp.float32)
+
+
+def ckpt_row_for(u, delta, A, B, C, D, z, delta_bias, h0, *, direction):
+    """ckpt_row for a forward whose backward will run: floats per (batch, channel) of the
+    CPU kernel's checkpoints (cpu_arm/selective_scan_api.h, ss_ckpt_row), or 0 (none)
+    unless that forward lowers to the CPU kernel: the CPU extension is built, the
+    default backend is the CPU (decided at trace time: lowering such a trace for CUDA
+    gives the CUDA forward an all-zero, "unwritten" residual), the dtypes are the
+    kernel's and no axis is empty."""
+    if not _ffi.HAS_CPU or jax.default_backend() != "cpu":
+        return 0
+    ops, flags = operands(u, delta, A, B, C, D, z, delta_bias, h0)
+    if not _ss_kernel_supports(ops, _has(flags)) or any(s == 0 for s in u.shape + A.shape):
+        return 0
+    lanes = _ffi.ss_lanes()
+    if lanes <= 0:
+        return 0
+    blocks = -(-u.shape[2] // lanes)
+    return 1 + (2 if direction == "bidirectional" else 1) * blocks * A.shape[1]
+
+
+def _ckpt_out(u, ckpt_row):
+    return [jnp.zeros((u.shape[0], u.shape[1], ckpt_row), jnp.float32)] if ckpt_row else []
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,7 +153,8 @@ def _ss_compute_dtype(ops, has):
 
 
 def _ss_abstract_eval(u, delta, A, B, C, D, z, delta_bias, h0, *, delta_softplus,
-                      return_last_state, direction, has_D, has_z, has_delta_bias, has_h0):
+                      return_last_state, direction, has_D, has_z, has_delta_bias, has_h0,
+                      ckpt_row=0):
     if direction not in SS_DIRECTIONS:
         raise ValueError(f"selective_scan: direction must be one of {SS_DIRECTIONS}")
     if u.ndim != 3 or delta.shape != u.shape or A.ndim != 2 or A.shape[0] != u.shape[1]:
@@ -121,8 +162,10 @@ def _ss_abstract_eval(u, delta, A, B, C, D, z, delta_bias, h0, *, delta_softplus
     cd = _ss_compute_dtype((u, delta, A, B, C, D, z, delta_bias, h0),
                            (has_D, has_z, has_delta_bias, has_h0))
     sf, sr = _ss_last_shapes(u, A, direction, return_last_state)
+    ck = ([jax.core.ShapedArray((u.shape[0], u.shape[1], ckpt_row), np.float32)]
+          if ckpt_row else [])
     return [jax.core.ShapedArray(u.shape, u.dtype), jax.core.ShapedArray(sf, cd),
-            jax.core.ShapedArray(sr, cd)]
+            jax.core.ShapedArray(sr, cd)] + ck
 
 
 selective_scan_p.def_abstract_eval(_ss_abstract_eval)
@@ -163,7 +206,7 @@ def _ss_batch(args, dims, *, direction, return_last_state, has_D, has_z, has_del
         outs = selective_scan_p.bind(*ops, **kw)
         res = [o.reshape((V, o.shape[0] // V) + o.shape[1:]) if o.ndim > 1 else
                jnp.zeros((V,) + o.shape, o.dtype) for o in outs]
-        return res, [0, 0, 0]
+        return res, [0] * len(res)
     # Channels: (V, batch, D, ...) -> (batch, V * D, ...); (V, D, ...) -> (V * D, ...).
     ops = []
     for n in names:
@@ -183,14 +226,14 @@ def _ss_batch(args, dims, *, direction, return_last_state, has_D, has_z, has_del
         else:
             o = o.reshape((o.shape[0], V, o.shape[1] // V) + o.shape[2:])
             res.append(jnp.swapaxes(o, 0, 1))
-    return res, [0, 0, 0]
+    return res, [0] * len(res)
 
 
 batching.primitive_batchers[selective_scan_p] = _ss_batch
 
 
 def _ss_fallback(u, delta, A, B, C, D, z, delta_bias, h0, *, delta_softplus, return_last_state,
-                 direction, has_D, has_z, has_delta_bias, has_h0):
+                 direction, has_D, has_z, has_delta_bias, has_h0, ckpt_row=0):
     """Pure-JAX lowering (float64 or no kernel): the materialised formulation."""
     opt = lambda x, h: x if h else None
     outs = _ss_module()._compute_jax_parts(
@@ -201,7 +244,7 @@ def _ss_fallback(u, delta, A, B, C, D, z, delta_bias, h0, *, delta_softplus, ret
     cd = _ss_compute_dtype((u, delta, A, B, C, D, z, delta_bias, h0),
                            (has_D, has_z, has_delta_bias, has_h0))
     fix = lambda x, s: x.astype(cd) if s != (0,) else jnp.zeros((0,), cd)
-    return [out, fix(last_f, sf), fix(last_r, sr)]
+    return [out, fix(last_f, sf), fix(last_r, sr)] + _ckpt_out(u, ckpt_row)  # unwritten
 
 
 _ss_fallback_rule = mlir.lower_fun(_ss_fallback, multiple_results=True)
@@ -214,13 +257,16 @@ def _ss_kernel_supports(avals, has):
 
 
 def _ss_cpu_rule(ctx, *ops, delta_softplus, return_last_state, direction, has_D, has_z,
-                 has_delta_bias, has_h0):
+                 has_delta_bias, has_h0, ckpt_row=0):
     params = dict(delta_softplus=delta_softplus, return_last_state=return_last_state,
                   direction=direction, has_D=has_D, has_z=has_z, has_delta_bias=has_delta_bias,
-                  has_h0=has_h0)
+                  has_h0=has_h0, ckpt_row=ckpt_row)
     if not _ss_kernel_supports(ctx.avals_in, (has_D, has_z, has_delta_bias, has_h0)):
         return _ss_fallback_rule(ctx, *ops, **params)
-    return jax.ffi.ffi_lowering(_ffi.SELECTIVE_SCAN)(
+    # With checkpoints: the same kernel with a fourth result (the FFI target
+    # jax_selscan_selective_scan_ckpt); a plain forward never writes them.
+    target = _ffi.SELECTIVE_SCAN_CKPT if ckpt_row else _ffi.SELECTIVE_SCAN
+    return jax.ffi.ffi_lowering(target)(
         ctx, *ops, delta_softplus=np.bool_(delta_softplus),
         direction=np.int64(SS_DIRECTIONS.index(direction)), has_D=np.bool_(has_D),
         has_z=np.bool_(has_z), has_delta_bias=np.bool_(has_delta_bias), has_h0=np.bool_(has_h0))
@@ -277,7 +323,9 @@ def _ss_cuda_forward(*ops, **params):
     types = [jax.ShapeDtypeStruct(u.shape, act), jax.ShapeDtypeStruct(sf, jnp.float32),
              jax.ShapeDtypeStruct(sr, jnp.float32)]
     out, lf, lr = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_FWD_CUDA, types)(*cops, **_attrs(params))
-    return [out.astype(u.dtype), lf, lr]
+    # The CUDA forward writes no checkpoints: a CPU-traced grad lowered for CUDA (ckpt_row
+    # > 0) gets zeros, i.e. every row "unwritten"; the CUDA backward ignores them anyway.
+    return [out.astype(u.dtype), lf, lr] + _ckpt_out(u, params.get("ckpt_row", 0))
 
 
 _ss_cuda_forward_rule = mlir.lower_fun(_ss_cuda_forward, multiple_results=True)
@@ -360,10 +408,12 @@ selective_scan_lin_p = Primitive("jax_selscan_selective_scan_lin")
 selective_scan_lin_p.multiple_results = True
 
 
-def selective_scan_lin_bind(primals, tangents, **params):
+def selective_scan_lin_bind(primals, tangents, ckpt=None, **params):
     """Tangents of (out, last_fwd, last_rev); primals/tangents: the nine operands
-    (placeholders for absent ones, as selective_scan_bind makes them)."""
-    return selective_scan_lin_p.bind(*primals, *tangents, **params)
+    (placeholders for absent ones, as selective_scan_bind makes them); ckpt: the
+    forward's checkpoints (a residual for the backward) or None (none)."""
+    ckpt = no_ckpt() if ckpt is None else ckpt
+    return selective_scan_lin_p.bind(*primals, ckpt, *tangents, **params)
 
 
 def _ss_lin_abstract_eval(*ops, **params):
@@ -371,25 +421,26 @@ def _ss_lin_abstract_eval(*ops, **params):
 
 
 def _ss_lin_jax(*ops, **params):
+    # ops: nine primals, the checkpoints (unused here), nine tangents.
     has = _has(params)
     present, f = _present_fn(has, params)
     prim = [x for x, p in zip(ops[:9], present) if p]
-    tang = [x for x, p in zip(ops[9:], present) if p]
+    tang = [x for x, p in zip(ops[10:], present) if p]
     _, touts = jax.jvp(f, prim, tang)
     cd = _ss_compute_dtype(ops[:9], has)
     return _placeholder_outs(touts, ops[0], ops[2], params, cd)
 
 
 def _ss_lin_transpose(cts, *ops, **params):
-    primals, tangents = ops[:9], ops[9:]
-    if any(ad.is_undefined_primal(x) for x in primals):
+    primals, ckpt, tangents = ops[:9], ops[9], ops[10:]
+    if any(ad.is_undefined_primal(x) for x in primals + (ckpt,)):
         raise NotImplementedError("selective_scan: the linearisation is linear in the tangents only")
     u = primals[0]
     ct_out, ct_f, ct_r = cts
     ct_out = (jnp.zeros(u.shape, u.dtype) if type(ct_out) is ad.Zero else ct_out)
     ph = lambda c: (jnp.zeros((0,), jnp.float32) if type(c) is ad.Zero or c.size == 0 else c)
-    grads = selective_scan_bwd_p.bind(*primals, ct_out, ph(ct_f), ph(ct_r), **params)
-    return [None] * 9 + [g if ad.is_undefined_primal(t) else None
+    grads = selective_scan_bwd_p.bind(*primals, ct_out, ph(ct_f), ph(ct_r), ckpt, **params)
+    return [None] * 10 + [g if ad.is_undefined_primal(t) else None
                          for g, t in zip(grads, tangents)]
 
 
@@ -398,13 +449,16 @@ selective_scan_lin_p.def_impl(_ss_lin_jax)
 mlir.register_lowering(selective_scan_lin_p, mlir.lower_fun(_ss_lin_jax, multiple_results=True))
 ad.primitive_transposes[selective_scan_lin_p] = _ss_lin_transpose
 batching.primitive_batchers[selective_scan_lin_p] = _fold_batcher(
-    selective_scan_lin_p, _PRIMAL_KINDS * 2, _OUT_KINDS)
+    selective_scan_lin_p, _PRIMAL_KINDS + ("bdl",) + _PRIMAL_KINDS, _OUT_KINDS)
 
 
 # --- selective_scan_bwd_p: the vector-Jacobian product -------------------------------------------
 #
 # Operands: the nine primals, then ct_out (u's shape and dtype), ct_last_fwd, ct_last_rev
-# ((batch, D, N) in the compute dtype, or (0,) placeholders meaning zero).
+# ((batch, D, N) in the compute dtype, or (0,) placeholders meaning zero), then the
+# forward's checkpoints ((batch, D, K) float32, or a (0,) placeholder: none; read by the
+# CPU kernel only). Batching folds the checkpoints like (batch, D, L) operands: every
+# row belongs to one (batch, channel).
 # Results: the nine gradients in the primals' shapes and dtypes ((0,) float32
 # placeholders for absent operands).
 
@@ -423,7 +477,7 @@ def _ss_bwd_jax(*ops, **params):
     present, f = _present_fn(has, params)
     prim = [x for x, p in zip(ops[:9], present) if p]
     outs, vjp = jax.vjp(f, *prim)
-    ct_out, ct_f, ct_r = ops[9:]
+    ct_out, ct_f, ct_r = ops[9:12]
     cts = (ct_out.astype(outs[0].dtype),
            None if outs[1] is None else (ct_f.astype(outs[1].dtype) if ct_f.size else jnp.zeros_like(outs[1])),
            None if outs[2] is None else (ct_r.astype(outs[2].dtype) if ct_r.size else jnp.zeros_like(outs[2])))
@@ -439,7 +493,7 @@ def _ss_bwd_cuda(*ops, **params):
     has = _has(params)
     act, cops = _cuda_operands(ops[:9], has)
     u, delta, A, B, C, D, z, bias, h0 = ops[:9]
-    ct_out, ct_f, ct_r = ops[9:]
+    ct_out, ct_f, ct_r = ops[9:12]  # ops[12], the CPU checkpoints: not used by CUDA
     f32 = lambda x: x.astype(jnp.float32)
     S = jax.ShapeDtypeStruct
     ph = S((0,), jnp.float32)
@@ -468,13 +522,14 @@ def _ss_bwd_cuda_rule(ctx, *ops, **params):
 # --- CPU lowering of the backward: the fused kernel (cpu_arm/selective_scan_bwd.h) ---------
 #
 # The FFI target takes the nine operands as they are (float32 / bfloat16 / float16,
-# mixed), ct_out in u's dtype and the last states' cotangents in float32, and returns
+# mixed), ct_out in u's dtype, the last states' cotangents in float32 and the
+# forward's checkpoints (or a (0,) placeholder), and returns
 # every gradient in float32 (cast here to the operand's dtype).
 
 def _ss_bwd_cpu(*ops, **params):
     has = _has(params)
     u, delta, A, B, C, D, z, bias, h0 = ops[:9]
-    ct_out, ct_f, ct_r = ops[9:]
+    ct_out, ct_f, ct_r, ckpt = ops[9:]
     f32 = jnp.float32
     S = jax.ShapeDtypeStruct
     ph = S((0,), f32)
@@ -483,7 +538,8 @@ def _ss_bwd_cpu(*ops, **params):
              S(D.shape, f32) if has[0] else ph, S(bias.shape, f32) if has[2] else ph,
              S(h0.shape, f32) if has[3] else ph]
     du, dd, dz, dA, dB, dC, dD, db, dh0 = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_BWD, types)(
-        *ops[:9], ct_out.astype(u.dtype), ct_f.astype(f32), ct_r.astype(f32), **_attrs(params))
+        *ops[:9], ct_out.astype(u.dtype), ct_f.astype(f32), ct_r.astype(f32), ckpt.astype(f32),
+        **_attrs(params))
     grads = [du, dd, dA, dB, dC, dD, dz, db, dh0]
     present = (True,) * 5 + has
     return [g.astype(x.dtype) if p else jnp.zeros((0,), f32)
@@ -531,4 +587,4 @@ if _ffi.HAS_CPU:
 if _ffi.HAS_CUDA:
     mlir.register_lowering(selective_scan_bwd_p, _ss_bwd_cuda_rule, platform="cuda")
 batching.primitive_batchers[selective_scan_bwd_p] = _fold_batcher(
-    selective_scan_bwd_p, _PRIMAL_KINDS + ("bdl", "bdn", "bdn"), _PRIMAL_KINDS)
+    selective_scan_bwd_p, _PRIMAL_KINDS + ("bdl", "bdn", "bdn", "bdl"), _PRIMAL_KINDS)

@@ -199,3 +199,123 @@ def test_sweep_every_option(combo):
     direction, bk, ck, D, z, bias, h0, last = combo
     check(zlib.crc32(repr(combo).encode()) % 10000, direction, b_kind=bk, c_kind=ck, D=D, z=z, bias=bias,
           softplus=bias, h0=h0, last=last, dim=6, length=13, dstate=3, groups=2)
+
+
+# --- the forward's checkpoints (a residual) instead of the backward's sweep -----------------
+#
+# Under differentiation on CPU the forward is the FFI target jax_selscan_selective_scan_ckpt,
+# whose fourth result (the state entering every block of the backward's `lanes` steps)
+# selective_scan_lin_p carries to the backward, which then skips its checkpoint sweep.
+# Same arithmetic in both, so the gradients are bitwise those of the sweep path.
+
+from jax_selscan import selective_scan_primitives as ssp  # noqa: E402
+
+CKPT = _ffi.SELECTIVE_SCAN_CKPT
+
+
+def _bwd_ckpt_operand(hlo):
+    """The type of the backward custom call's last (13th) operand in the lowered text."""
+    line = next(ln for ln in hlo.splitlines() if f"custom_call @{BWD}(" in ln)
+    sig = line[line.rindex(" : (") + 4:line.rindex(") -> ")]
+    types = [t.strip() for t in sig.split("tensor<")[1:]]
+    assert len(types) == 13
+    return "tensor<" + types[-1].rstrip(", ")
+
+
+def _grads_both_ways(monkeypatch, x, dtypes, dout, dlast, direction, softplus):
+    got, hlo = grads(selective_scan, x, dtypes, dout, dlast, direction, softplus, None)
+    with monkeypatch.context() as m:
+        m.setattr(ssp, "ckpt_row_for", lambda *a, **k: 0)
+        swept, hlo_sweep = grads(selective_scan, x, dtypes, dout, dlast, direction, softplus, None)
+    return got, hlo, swept, hlo_sweep
+
+
+RESIDUAL_CASES = [
+    dict(b_kind="variable", c_kind="variable"),
+    dict(b_kind="grouped", c_kind="invariant", D=False, z=False, h0=False, last=False),
+    dict(b_kind="invariant", c_kind="grouped", bias=False, softplus=False, dstate=16, dim=21,
+         length=37),
+]
+
+
+@pytest.mark.parametrize("opts", range(len(RESIDUAL_CASES)))
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_residual_checkpoints_give_the_sweeps_gradients(monkeypatch, direction, opts):
+    kw = dict(RESIDUAL_CASES[opts])
+    softplus, last = kw.pop("softplus", True), kw.pop("last", True)
+    seed = 200 + 10 * opts + DIRECTIONS.index(direction)
+    x, dtypes = make(seed, **kw)
+    if not softplus:
+        x["delta"] = np.abs(x["delta"])
+    dout, dlast = cotangents(seed, x, direction, last, dtypes["u"])
+    got, hlo, swept, hlo_sweep = _grads_both_ways(monkeypatch, x, dtypes, dout, dlast, direction,
+                                                  softplus)
+    # The residual path is taken: the checkpointing forward, and the backward gets them.
+    assert CKPT in hlo and BWD in hlo
+    assert _bwd_ckpt_operand(hlo) != "tensor<0xf32>"
+    assert CKPT not in hlo_sweep and BWD in hlo_sweep
+    assert _bwd_ckpt_operand(hlo_sweep) == "tensor<0xf32>"
+    for k in got:
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(swept[k]), err_msg=k)
+    # And against the float64 reference, as the sweep path.
+    want, _ = grads(selective_scan_ref, x, dtypes, dout, dlast, direction, softplus, np.float64)
+    for k in got:
+        g, w = np.asarray(got[k], np.float64), np.asarray(want[k])
+        tol = TOL[np.dtype(dtypes[k])] * (3 if k in ("D", "delta_bias") else 1)
+        assert np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30) <= tol, k
+
+
+def test_residual_16_bit_and_plain_forward_writes_none(monkeypatch):
+    x, dtypes = make(230, act=jnp.bfloat16, dim=8, length=21, dstate=4, groups=2,
+                     b_kind="grouped", c_kind="variable")
+    dout, dlast = cotangents(230, x, "bidirectional", True, dtypes["u"])
+    got, hlo, swept, _ = _grads_both_ways(monkeypatch, x, dtypes, dout, dlast, "bidirectional", True)
+    assert CKPT in hlo
+    for k in got:
+        np.testing.assert_array_equal(np.asarray(got[k], np.float32), np.asarray(swept[k], np.float32))
+    args = {k: jnp.asarray(v, dtypes[k]) for k, v in x.items()}
+    plain = jax.jit(lambda a: selective_scan(**a, direction="bidirectional")).lower(args).as_text()
+    assert CKPT not in plain and _ffi.SELECTIVE_SCAN in plain
+
+
+def test_residual_under_vmap_of_grad_and_grad_of_vmap(monkeypatch):
+    x, dtypes = make(240, dim=8, dstate=4, length=29, groups=2, b_kind="grouped")
+    args = {k: jnp.asarray(v, dtypes[k]) for k, v in x.items()}
+    stacked = jax.tree.map(lambda v: jnp.stack([v, 0.5 * v]), args)
+
+    def loss(a):
+        out, last = selective_scan(**a, delta_softplus=True, return_last_state=True,
+                                   direction="bidirectional")
+        return jnp.sum(jnp.sin(out)) + jnp.sum(last[0] * last[1])
+
+    vg = jax.jit(jax.vmap(jax.grad(loss)))
+    text = vg.lower(stacked).as_text()
+    assert CKPT in text and _bwd_ckpt_operand(text) != "tensor<0xf32>"
+    got = vg(stacked)
+    gv = jax.jit(jax.grad(lambda s: jnp.sum(jax.vmap(loss)(s))))
+    assert CKPT in gv.lower(stacked).as_text()
+    got_gv = gv(stacked)
+    with monkeypatch.context() as m:
+        m.setattr(ssp, "ckpt_row_for", lambda *a, **k: 0)
+        for i in range(2):
+            one = jax.jit(jax.grad(loss))(jax.tree.map(lambda v: v[i], stacked))
+            for k in one:
+                scale = float(np.max(np.abs(one[k])))
+                np.testing.assert_allclose(got[k][i], one[k], rtol=1e-5, atol=1e-5 * scale)
+                np.testing.assert_allclose(got_gv[k][i], one[k], rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_residual_forward_mode_and_eager():
+    x, dtypes = make(250, dim=8, dstate=4, length=13)
+    args = {k: jnp.asarray(v, dtypes[k]) for k, v in x.items()}
+    f = lambda a: selective_scan(**a, delta_softplus=True, direction="reverse")
+    tang = jax.tree.map(lambda v: 0.1 * v, args)
+    p1, t1 = jax.jvp(f, (args,), (tang,))
+    p2, t2 = jax.jit(lambda a, t: jax.jvp(f, (a,), (t,)))(args, tang)
+    np.testing.assert_allclose(t1, t2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(p1, f(args))
+    loss = lambda a: jnp.sum(f(a) ** 2)
+    eager = jax.grad(loss)(args)
+    jitted = jax.jit(jax.grad(loss))(args)
+    for k in eager:
+        np.testing.assert_array_equal(eager[k], jitted[k])

@@ -52,6 +52,20 @@ def test_forward_and_grad_use_the_kernels(dtype, direction):
     assert {FWD, BWD} <= calls
 
 
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_grad_has_exactly_the_cuda_kernels_and_no_checkpoints(direction):
+    # The CPU forward saves the backward's checkpoints under differentiation
+    # (jax_selscan_selective_scan_ckpt); the CUDA program must not change: exactly the
+    # CUDA forward and backward custom calls (as before the checkpoints existed), no
+    # checkpoint-writing variant and no CPU target.
+    x = inputs()
+    loss = lambda x: jnp.sum(jnp.sin(scan(x, direction=direction, return_last_state=True)[0]))
+    assert cuda_calls(jax.grad(loss), x) == {FWD, BWD}
+    assert cuda_calls(jax.vmap(jax.grad(loss)),
+                      jax.tree_util.tree_map(lambda v: jnp.stack([v, v]), x)) == {FWD, BWD}
+    assert _ffi.SELECTIVE_SCAN_CKPT not in cuda_calls(jax.grad(loss), x)
+
+
 def test_vmap_of_grad_and_last_state_use_the_kernels():
     x = inputs()
     stacked = jax.tree_util.tree_map(lambda v: jnp.stack([v, v]), x)

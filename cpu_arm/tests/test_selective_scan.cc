@@ -11,6 +11,7 @@
 //
 //   ./test_selective_scan           all cases
 //   ./test_selective_scan --quick   fewer / smaller cases (for emulators)
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -148,8 +149,14 @@ struct Result {
   std::vector<float> out, lf, lr;
 };
 
-Result run(const Case& c, const Inputs& x, SsDirection dir, const SsTable& table, Executor& ex) {
+Result run(const Case& c, const Inputs& x, SsDirection dir, const SsTable& table, Executor& ex,
+           std::vector<float>* ckpt = nullptr, int64_t ckpt_row = 0) {
   SsParams p{};
+  if (ckpt != nullptr) {  // checkpoints for the backward (SsParams::ckpt)
+    ckpt->assign(c.batch * c.dim * ckpt_row, NAN);
+    p.ckpt = ckpt->data();
+    p.ckpt_row = ckpt_row;
+  }
   p.u = x.u.ptr(); p.u_t = x.u.t;
   p.delta = x.delta.ptr(); p.delta_t = x.delta.t;
   p.A = x.A.ptr(); p.A_t = x.A.t;
@@ -443,8 +450,12 @@ struct BwdOut {
 };
 
 BwdOut run_bwd(const Case& c, const Inputs& x, const Cot& k, SsDirection dir, const SsBwdTable& table,
-               Executor& ex) {
+               Executor& ex, const std::vector<float>* ckpt = nullptr, int64_t ckpt_row = 0) {
   SsBwdParams q{};
+  if (ckpt != nullptr) {
+    q.ckpt = ckpt->data();
+    q.ckpt_row = ckpt_row;
+  }
   SsParams& p = q.fwd;
   p.u = x.u.ptr(); p.u_t = x.u.t;
   p.delta = x.delta.ptr(); p.delta_t = x.delta.t;
@@ -485,7 +496,7 @@ bool same_bits(const BwdOut& a, const BwdOut& b) {
          eq(a.C, b.C) && eq(a.D, b.D) && eq(a.bias, b.bias) && eq(a.h0, b.h0);
 }
 
-void run_bwd_case(const Case& c, const SsBwdTable& table, uint32_t seed) {
+void run_bwd_case(const Case& c, const SsBwdTable& table, const SsTable& fwd, uint32_t seed) {
   const Inputs x = make_inputs(c, seed);
   const Cot k = make_cot(c, seed);
   InlineExecutor one;
@@ -519,6 +530,32 @@ void run_bwd_case(const Case& c, const SsBwdTable& table, uint32_t seed) {
     const BwdOut g3 = run_bwd(c, x, k, dir, table, three);
     const BwdOut g4 = run_bwd(c, x, k, dir, table, four);
     CHECK(same_bits(got, g3) && same_bits(got, g4), "%s dir %d: threads change the gradients", what, int(dir));
+    // The forward's checkpoints (SsParams::ckpt) instead of the sweep: the same bits. On one
+    // thread every channel-path row is written (along-L tasks leave theirs unwritten); on
+    // four threads the L split may leave all unwritten (the backward then sweeps).
+    const int64_t row = ss_ckpt_row(table.lanes, c.N, c.L, dir);
+    std::vector<float> ck;
+    run(c, x, dir, fwd, one, &ck, row);
+    int64_t x0 = c.dim / (c.bg ? c.bg : 1), y0 = c.dim / (c.cg ? c.cg : 1);
+    while (y0 != 0) { const int64_t r = x0 % y0; x0 = y0; y0 = r; }
+    const int64_t lanes = table.lanes;
+    const bool narrow = ss_use_narrow(lanes, std::min(lanes, x0), c.L) ||
+                        (x0 % lanes != 0 && ss_use_narrow(lanes, x0 % lanes, c.L));
+    int64_t flagged = 0;
+    for (int64_t i = 0; i < c.batch * c.dim; ++i) flagged += ck[i * row] == static_cast<float>(lanes);
+    CHECK(narrow || c.L == 0 || flagged == c.batch * c.dim, "%s dir %d: %lld of %lld checkpoint rows written", what,
+          int(dir), (long long)flagged, (long long)(c.batch * c.dim));
+    CHECK(same_bits(got, run_bwd(c, x, k, dir, table, one, &ck, row)), "%s dir %d: checkpoints change the gradients",
+          what, int(dir));
+    run(c, x, dir, fwd, four, &ck, row);
+    CHECK(same_bits(got, run_bwd(c, x, k, dir, table, four, &ck, row)),
+          "%s dir %d: checkpoints (4 threads) change the gradients", what, int(dir));
+    // A row length of another ISA: nothing written, the sweep runs.
+    std::vector<float> bad;
+    run(c, x, dir, fwd, one, &bad, row + 1);
+    for (int64_t i = 0; i < c.batch * c.dim; ++i) CHECK(bad[i * (row + 1)] == 0.0f, "%s: wrong row written", what);
+    CHECK(same_bits(got, run_bwd(c, x, k, dir, table, one, &bad, row + 1)), "%s dir %d: bad checkpoints used", what,
+          int(dir));
   }
 }
 }  // namespace
@@ -579,7 +616,7 @@ int main(int argc, char** argv) {
     const SsBwdTable* bt = ss_bwd_table_named(k->name);
     if (bt == nullptr) { CHECK(false, "no selective-scan backward table for %s", k->name); continue; }
     seed = 1;
-    for (const Case& c : cases) run_bwd_case(c, *bt, seed++);
+    for (const Case& c : cases) run_bwd_case(c, *bt, *t, seed++);
     std::printf("%-8s (%d lanes): %s\n", t->name, t->lanes, g_failures == before ? "ok" : "FAILED");
   }
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
