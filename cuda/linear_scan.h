@@ -24,7 +24,8 @@ enum Algorithm : int {
   kStridedWalk = 8,  // strided: one warp walks 32 (64 for 16-bit types) channels through L
   // Internal, with inter-block communication (a look-back over one flag per tile):
   kStridedStage = 9,  // strided: (L-chunk x 16-byte-per-lane channel tile) staged in smem
-  kNumInternal = 10,
+  kRowRounds = 10,    // contiguous, few long rows: co-resident blocks fold each round's tiles
+  kNumInternal = 11,
 };
 
 enum class DType { F32, F64, BF16, F16, C64 };

@@ -574,6 +574,171 @@ __global__ void __launch_bounds__(THREADS, MINB) tile_scan_kernel(Dev d) {
 }
 
 // ---------------------------------------------------------------------------------
+// row_rounds (contiguous layout, few long rows; chosen only by "auto"). The look-back
+// kernels above are limited on one long row by the chain of inclusive prefixes: a tile's
+// carry is a left fold from the nearest published inclusive prefix, so the frontier moves
+// at most 32 tiles per L2 round trip. Here a persistent grid of G co-resident blocks
+// (cooperative launch) takes the row-major tile sequence in ROUNDS: in round r block j owns
+// tile g = r*G + j (row g / tpr, tile g % tpr of that row). Per round a block
+//   1. scans its tile in registers and publishes the tile aggregate (one status word);
+//   2. issues the loads of its tile of round r+1 (in flight during 3 and 4);
+//   3. waits for ALL G aggregates of the round and folds them in one fixed order: lane l of
+//      warp 0 folds slots [l*m, (l+1)*m) left to right (m = ceil(G/32)), then a Kogge-Stone
+//      scan over the 32 lane folds. Block j takes the exclusive value at slot j; every block
+//      computes the same round total (same inputs, same operations), so the prefix entering
+//      round r+1 is carried in registers: no chain of prefixes between blocks, no frontier;
+//   4. applies its carry and stores h.
+// Rows: a segmented fold. A tile that starts a row publishes (1, h0[row]) o aggregate
+// flagged ST_INC ("reset": the fold restarts there); other tiles publish ST_AGG.
+// Determinism: every value is a fixed function of the inputs and of G (blocks per SM x SMs,
+// fixed for a GPU and build), never of timing. Waiting for LATER slots of the round is safe
+// only because all G blocks are resident: the launch is cooperative.
+template <class S>
+struct Seg {  // a segmented-scan element: the pair, and whether a row starts inside it
+  Pair<S> p;
+  bool reset;
+};
+template <class S>
+__device__ __forceinline__ Seg<S> seg_identity() {
+  return {identity<S>(), false};
+}
+// earlier first, later second; a later element that starts a row discards the earlier one
+template <class S>
+__device__ __forceinline__ Seg<S> seg_combine(const Seg<S>& e, const Seg<S>& l) {
+  return l.reset ? l : Seg<S>{combine(e.p, l.p), e.reset};
+}
+template <class S>
+__device__ __forceinline__ Seg<S> shfl_up(const Seg<S>& s, int d) {
+  return {shfl_up(s.p, d), __shfl_up_sync(0xffffffffu, (int)s.reset, d) != 0};
+}
+template <class S>
+__device__ __forceinline__ Seg<S> shfl_idx(const Seg<S>& s, int l) {
+  return {shfl_idx(s.p, l), __shfl_sync(0xffffffffu, (int)s.reset, l) != 0};
+}
+
+// Slots per lane of the round fold, held in registers: 5 per resident block per SM covers
+// up to 160 SMs; the host caps G at 32 * rounds_max_m(MINB).
+__host__ __device__ constexpr int rounds_max_m(int minb) { return 5 * minb; }
+
+template <class T, int THREADS, int ITEMS, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) row_rounds_kernel(Dev d) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  using P = Pair<S>;
+  constexpr int NW = THREADS / 32;
+  constexpr int TILE = THREADS * ITEMS;
+  constexpr int GMAX = 32 * rounds_max_m(MINB);
+  constexpr int SPT = (GMAX + THREADS - 1) / THREADS;  // slots polled per thread
+  __shared__ P s_warp[NW];
+  __shared__ P s_carry;
+  __shared__ P s_slot[GMAX];
+  __shared__ bool s_reset[GMAX];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t G = gridDim.x, j = blockIdx.x;
+  const int64_t tpr = d.nchunks, ntiles = d.nchains * tpr;
+  const int m = (int)((G + 31) / 32);  // slots per lane in the round fold
+  const Status<S> st(d.status, d.nstatus);
+  const T* a0 = static_cast<const T*>(d.a);
+  const T* b0 = static_cast<const T*>(d.b);
+
+  P x[ITEMS], xn[ITEMS];
+  if (j < ntiles) {
+    const int64_t row = j / tpr, k = j % tpr;
+    load_items<T, ITEMS>(d, a0 + row * d.L, b0 + row * d.L, k * TILE + (int64_t)tid * ITEMS, x);
+  }
+  Seg<S> carry = seg_identity<S>();  // the prefix entering the round (warp 0; the first tile starts a row)
+  for (int64_t r0 = 0, g = j; g < ntiles; r0 += G, g += G) {
+    const int64_t row = g / tpr, k = g % tpr;
+    // 1. local scan: serial in the thread, Kogge-Stone in the warp, warp totals in order
+#pragma unroll
+    for (int i = 1; i < ITEMS; ++i) x[i] = combine(x[i - 1], x[i]);
+    P w = x[ITEMS - 1];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      P u = shfl_up(w, o);
+      if (lane >= o) w = combine(u, w);
+    }
+    P ex = shfl_up(w, 1);
+    if (lane == 0) ex = identity<S>();
+    if (lane == 31) s_warp[warp] = w;
+    __syncthreads();
+    P wp = identity<S>();
+#pragma unroll
+    for (int q = 0; q < NW; ++q)
+      if (q < warp) wp = combine(wp, s_warp[q]);
+    const P h0p = h0_pair<T>(d, row);
+    if (tid == 0) {
+      P t = s_warp[0];
+#pragma unroll
+      for (int q = 1; q < NW; ++q) t = combine(t, s_warp[q]);
+      if (k == 0) st.publish((size_t)g, ST_INC, combine(h0p, t));
+      else st.publish((size_t)g, ST_AGG, t);
+    }
+    // 2. the next round's tile: loads issued now, consumed after the wait
+    const int64_t gn = g + G;
+    if (gn < ntiles) {
+      const int64_t rn = gn / tpr, kn = gn % tpr;
+      load_items<T, ITEMS>(d, a0 + rn * d.L, b0 + rn * d.L, kn * TILE + (int64_t)tid * ITEMS, xn);
+    }
+    // 3. the round's fold. All threads wait for the round's slots (loads first, then
+    // re-poll the empty ones) and stage them in shared memory; warp 0 folds them.
+    const int64_t nr = ntiles - r0 < G ? ntiles - r0 : G;  // slots in this round
+    {
+      P p[SPT];
+      uint32_t f[SPT];
+#pragma unroll
+      for (int q = 0; q < SPT; ++q) {
+        const int64_t s = tid + (int64_t)q * THREADS;
+        f[q] = ST_AGG;
+        if (s < nr) f[q] = st.load((size_t)(r0 + s), p[q]);
+      }
+#pragma unroll
+      for (int q = 0; q < SPT; ++q) {
+        const int64_t s = tid + (int64_t)q * THREADS;
+        if (s < nr) {
+          while (f[q] == ST_INVALID) f[q] = st.load((size_t)(r0 + s), p[q]);
+          s_slot[s] = p[q];
+          s_reset[s] = f[q] == ST_INC;
+        }
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int jl = (int)(j / m);  // the lane whose slots hold slot j
+      Seg<S> acc = seg_identity<S>(), part = seg_identity<S>();
+      for (int q = 0; q < m; ++q) {
+        const int s = lane * m + q;
+        if (s == j) part = acc;  // lane jl: the fold of its slots before j
+        if (s < nr) acc = seg_combine(acc, Seg<S>{s_slot[s], s_reset[s]});
+      }
+      Seg<S> incl = acc;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        Seg<S> u = shfl_up(incl, o);
+        if (lane >= o) incl = seg_combine(u, incl);
+      }
+      Seg<S> excl = shfl_up(incl, 1);
+      if (lane == 0) excl = seg_identity<S>();
+      const Seg<S> mine = shfl_idx(seg_combine(excl, part), jl);
+      const Seg<S> total = shfl_idx(incl, 31);
+      if (lane == 0) s_carry = k == 0 ? h0p : seg_combine(carry, mine).p;
+      carry = seg_combine(carry, total);
+    }
+    __syncthreads();
+    // 4. apply and store
+    const P pre = combine(combine(s_carry, wp), ex);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) x[i] = combine(pre, x[i]);
+    store_items<T, ITEMS>(d, static_cast<T*>(d.h) + row * d.L,
+                          d.aprod ? static_cast<T*>(d.aprod) + row * d.L : nullptr,
+                          k * TILE + (int64_t)tid * ITEMS, x);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) x[i] = xn[i];
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // Blelloch (work-efficient) tile scan: up-sweep and down-sweep in shared memory, two
 // elements per thread, carries from the three-pass arrays.
 template <class T, int THREADS>
@@ -1505,6 +1670,87 @@ cudaError_t stage_launch(const ScanProblem& p, void* scratch, cudaStream_t strea
   return cudaGetLastError();
 }
 
+// row_rounds host side, for any geometry (the variant bench launches several; the package
+// uses RoundsTune<T>).
+template <class T>
+struct RoundsTune {  // prediction in docs/PERFORMANCE_CUDA.md section 6 (not yet measured)
+  static constexpr int THREADS = 256, ITEMS = 16, MINB = 2;
+};
+
+template <int THREADS, int ITEMS>
+struct RoundsGeom {
+  static constexpr int TILE = THREADS * ITEMS;
+  int64_t tpr, ntiles;
+  explicit RoundsGeom(const ScanProblem& p) {
+    tpr = (p.L + TILE - 1) / TILE;
+    ntiles = p.outer * tpr;
+  }
+};
+
+template <class T, int THREADS, int ITEMS>
+size_t rounds_scratch(const ScanProblem& p) {
+  return 256 + Status<typename Elem<T>::S>::bytes((size_t)RoundsGeom<THREADS, ITEMS>(p).ntiles);
+}
+
+template <class T, int THREADS, int ITEMS, int MINB>
+cudaError_t rounds_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
+  using S = typename Elem<T>::S;
+  const RoundsGeom<THREADS, ITEMS> g(p);
+  if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
+  auto kernel = row_rounds_kernel<T, THREADS, ITEMS, MINB>;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  static std::atomic<int> resident[64];  // per device: co-resident blocks (0: not asked yet)
+  const int slot = dev & 63;
+  int res = resident[slot].load(std::memory_order_relaxed);
+  if (res == 0) {
+    int per_sm = 0, sms = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, 0);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    res = per_sm * sms;
+    if (res < 1) return cudaErrorInvalidConfiguration;
+    resident[slot].store(res, std::memory_order_relaxed);
+  }
+  int64_t grid = res < 32 * rounds_max_m(MINB) ? res : 32 * rounds_max_m(MINB);
+  if (grid > g.ntiles) grid = g.ntiles;
+  Dev d{};
+  d.a = p.a;
+  d.b = p.b;
+  d.h0 = p.h0;
+  d.h = p.h;
+  d.aprod = p.aprod;
+  d.L = p.L;
+  d.inner = 1;
+  d.nchains = p.outer;
+  d.nchunks = g.tpr;
+  d.reverse = p.reverse;
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
+                         reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
+  d.vec = (bits & 15) == 0 && p.L % (16 / sizeof(T)) == 0;
+  char* base = static_cast<char*>(scratch);
+  d.counter = reinterpret_cast<unsigned*>(base);
+  d.status = base + 256;
+  d.nstatus = (size_t)g.ntiles;
+  // every launch starts from empty status words (also a replay of a captured graph)
+  err = cudaMemsetAsync(base, 0, 256 + Status<S>::reset_bytes(d.nstatus), stream);
+  if (err != cudaSuccess) return err;
+  // cooperative: the driver guarantees that all `grid` blocks are resident together, which
+  // the round fold (waiting for later slots of the round) relies on
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, d);
+}
+
 struct Plan {
   int algo;
   bool strided;
@@ -1532,6 +1778,16 @@ Plan make_plan(const ScanProblem& p) {
     pl.nchains = g.nchains;
     pl.nchunks = g.nchunks;
     pl.total_bytes = g.total();
+    return pl;
+  }
+  if (pl.algo == kRowRounds && pl.strided) pl.algo = kLookbackRegs;
+  if (pl.algo == kRowRounds) {
+    using TU = RoundsTune<T>;
+    const RoundsGeom<TU::THREADS, TU::ITEMS> g(p);
+    pl.nct = 1;
+    pl.nchains = p.outer;
+    pl.nchunks = g.tpr;
+    pl.total_bytes = rounds_scratch<T, TU::THREADS, TU::ITEMS>(p);
     return pl;
   }
   if (pl.algo == kRowWalk && pl.strided) pl.algo = kStridedWalk;
@@ -1603,6 +1859,10 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   if (pl.algo == kStridedStage) {
     using TU = StageTune<T>;
     return stage_launch<T, TU::NW, TU::SPW, TU::NBUF>(p, scratch, stream);
+  }
+  if (pl.algo == kRowRounds) {
+    using TU = RoundsTune<T>;
+    return rounds_launch<T, TU::THREADS, TU::ITEMS, TU::MINB>(p, scratch, stream);
   }
   if (pl.algo == kRowWalk || pl.algo == kStridedWalk) {
     Dev d{};

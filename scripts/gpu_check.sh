@@ -12,6 +12,10 @@
 # an ignored local script, builds it; its code is never part of this repository).
 #   (also: DRIVER=prebuilt scan_driver, BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
+# Also: variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
+# events; VB_ENV="VB_ROWS=1" picks the shape set), main_bench (python -m jax_selscan.bench
+# and examples/lru_drop_in.py, the README's plot), cpu_bench (the CPU selective-scan
+# benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON).
 # Each stage has its own time limit so that a hang cannot eat the whole call.
 # Only a few files come back from the device: the stage logs go to $LOGS and are joined
 # into $OUT/stages.log at the end; the benchmark writes its JSON / Markdown into $OUT.
@@ -88,6 +92,11 @@ if [[ -z "$DRV" ]] && { has driver || has sanitize || has determinism || has big
   DRV="$BIN/scan_driver"
 fi
 
+if has variants; then
+  nvcc -O3 -std=c++17 -arch=sm_$ARCH --expt-relaxed-constexpr -Icuda cuda/tools/variant_bench.cu cuda/dispatch.cc \
+    -o "$BIN/variant_bench" > "$LOGS/build_variants.log" 2>&1 || status=1
+  TAIL=40 step variants 240 env ${VB_ENV:-} "$BIN/variant_bench"
+fi
 has driver && step driver 240 "$DRV" check
 has determinism && step determinism 240 "$DRV" determinism 500
 if has sanitize; then
@@ -116,6 +125,15 @@ if has ss_bench; then
   MAMBA_ARGS=(); [[ -d /tmp/mamba_build ]] && MAMBA_ARGS=(--mamba-dir /tmp/mamba_build)
   [[ -f benchmarks/gpu_selective_scan.py ]] && TAIL=60 step ss_bench 540 $PY -P benchmarks/gpu_selective_scan.py \
     --out "$OUT" "${MAMBA_ARGS[@]}" ${SS_BENCH_ARGS:-}
+fi
+if has main_bench; then
+  TAIL=40 step main_bench 300 $PY -P -m jax_selscan.bench --out "$OUT/bench_h200.json" ${MAIN_BENCH_ARGS:-}
+  TAIL=12 step lru_drop_in 120 $PY -P examples/lru_drop_in.py
+fi
+if has cpu_bench; then  # CPU only (JAX_PLATFORMS=cpu): the 16 host cores
+  JAX_PLATFORMS=cpu TAIL=30 step cpu_bench 300 $PY -P benchmarks/cpu_selective_scan.py --out "$OUT/cpu_selective_scan_host"
+  JAX_PLATFORMS=cpu TAIL=30 step cpu_scaling 300 $PY -P benchmarks/cpu_selective_scan_scaling.py \
+    --out "$OUT/cpu_selective_scan_scaling_host"
 fi
 for f in env.txt "$LOGS"/*.log; do
   f=$(basename "$f"); [[ -f "$LOGS/$f" ]] && { echo "##### $f"; cat "$LOGS/$f"; }

@@ -23,7 +23,7 @@
 
 static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
                                "lookback_regs", "hillis_steele", "row_walk", "strided_walk",
-                               "strided_stage"};
+                               "strided_stage", "row_rounds"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double urand() {
@@ -145,8 +145,12 @@ static int mode_check(bool quick, bool tiny = false) {
   // has 79 chunks of 64 steps (a look-back window of 32 and more) and partial channel tiles
   std::vector<S> shapes = {{3, 5000, 1}, {2, 4099, 1}, {1, 20000, 1}, {2, 300, 132}, {1, 1000, 130},
                            {3, 7, 5},    {1, 777, 264}, {1, 5000, 136}};
+  // (2, 600000, 1): row_rounds with more tiles (294) than resident blocks (264 on an H200):
+  // two rounds, a row starting inside the first round, a partial last round
+  if (!quick) shapes.push_back({2, 600000, 1});
   if (quick) shapes = {{2, 5000, 1}, {1, 9001, 1}, {2, 300, 132}, {1, 200, 130}, {1, 777, 264}};
   if (tiny) shapes = {{2, 5000, 1}, {1, 300, 132}, {1, 333, 264}};
+  if (tiny && g_only_algo == jss::kRowRounds) shapes.push_back({2, 600000, 1});
   // every named algorithm and the internal walk kernels (kRowWalk on a strided shape runs
   // the strided walk and vice versa, so each walk kernel is checked in both layouts' list)
   for (int algo = 0; algo < jss::kNumInternal; ++algo)
@@ -188,7 +192,9 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kLookbackSerial},
       {"contiguous 256x65536", 256, 65536, 1, jss::kLookbackRegs},
       {"strided L=65536 C=1024", 1, 65536, 1024, jss::kLookbackRegs},
-      {"contiguous 1x2^24 auto", 1, 1 << 24, 1, jss::kAuto},
+      {"contiguous 1x2^24 auto", 1, 1 << 24, 1, jss::kAuto},  // auto: row_rounds
+      {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kRowRounds},
+      {"contiguous 100x2^18", 100, 1 << 18, 1, jss::kRowRounds},
       {"contiguous 4096x4096", 4096, 4096, 1, jss::kRowWalk},
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedWalk},
       {"contiguous 4096x4096 auto", 4096, 4096, 1, jss::kAuto},

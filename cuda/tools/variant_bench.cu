@@ -139,6 +139,12 @@ void stage(const ScanProblem& p, void* scratch) {
   CK((stage_launch<T, NW, SPW, NBUF>(p, scratch, 0)));
 }
 
+// row_rounds at another geometry: THREADS x ITEMS per tile, MINB blocks per SM
+template <class T, int THREADS, int ITEMS, int MINB>
+void rounds(const ScanProblem& p, void* scratch) {
+  CK((rounds_launch<T, THREADS, ITEMS, MINB>(p, scratch, 0)));
+}
+
 template <class T>
 DType dt() { return sizeof(T) == 4 ? DType::F32 : DType::BF16; }
 
@@ -168,7 +174,15 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
   std::vector<std::pair<std::string, std::function<void()>>> vs;
   vs.push_back({"auto", named(kAuto)});
   vs.push_back({"lookback_regs", named(kLookbackRegs)});
-  if (s.i == 1) {
+  if (s.i == 1 && s.o < 512) {
+    vs.push_back({"lookback_warp", named(kLookbackWarp)});
+    vs.push_back({"rounds_256x16_b2", [&] { rounds<T, 256, 16, 2>(p, scratch); }});
+    vs.push_back({"rounds_512x16_b1", [&] { rounds<T, 512, 16, 1>(p, scratch); }});
+    vs.push_back({"rounds_512x8_b1", [&] { rounds<T, 512, 8, 1>(p, scratch); }});
+    vs.push_back({"rounds_256x8_b3", [&] { rounds<T, 256, 8, 3>(p, scratch); }});
+    vs.push_back({"rounds_128x16_b4", [&] { rounds<T, 128, 16, 4>(p, scratch); }});
+    vs.push_back({"rounds_256x32_b1", [&] { rounds<T, 256, 32, 1>(p, scratch); }});
+  } else if (s.i == 1) {
     vs.push_back({"row_walk_s4", [&] { row_walk<T, 4>(p); }});
     vs.push_back({"row_walk_s6", [&] { row_walk<T, 6>(p); }});
     vs.push_back({"row_walk_s8", [&] { row_walk<T, 8>(p); }});
@@ -238,6 +252,11 @@ int main(int argc, char** argv) {
       {"(1024, 1024) ax0", 1, 1024, 1024},   {"(16384, 4096) ax0", 1, 16384, 4096},
       {"1 x 2^20", 1, 1 << 20, 1},
   };
+  if (std::getenv("VB_ROWS"))  // contiguous shapes with fewer rows than row_walk takes
+    shapes = {{"1 x 2^26", 1, 1 << 26, 1},     {"1 x 2^20", 1, 1 << 20, 1},
+              {"4 x 2^24", 4, 1 << 24, 1},     {"64 x 2^20", 64, 1 << 20, 1},
+              {"256 x 65536", 256, 65536, 1},  {"511 x 8192", 511, 8192, 1},
+              {"3 x 1000003", 3, 1000003, 1}};
   if (strided_only)
     shapes = {{"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024},
               {"(16384, 4096) ax0", 1, 16384, 4096},  {"(1024, 1024) ax0", 1, 1024, 1024},
