@@ -10,7 +10,7 @@
 # ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_bench
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
-#   (also: DRIVER=prebuilt scan_driver, BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
+#   (also: DRIVER=prebuilt scan_driver, SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # Also: variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
 # events; VB_ENV="VB_ROWS=1" picks the shape set), main_bench (python -m jax_selscan.bench
@@ -101,7 +101,7 @@ has driver && step driver 240 "$DRV" check
 has determinism && step determinism 240 "$DRV" determinism 500
 if has sanitize; then
   for tool in memcheck racecheck synccheck; do
-    TAIL=6 step "sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$DRV" tiny
+    TAIL=6 step "sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$DRV" tiny ${SAN_ONLY:-}
   done
 fi
 has big && step big 300 "$DRV" big
