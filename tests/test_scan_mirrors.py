@@ -6,7 +6,8 @@ the block prefix, the look-back windows and predecessors, the strided offsets, t
 sweeps, the Kogge-Stone steps, the segmented round folds (row_rounds), the three-pass carry
 scan, and the operand order of every combine (the combine is not commutative). Runs in CI
 without a GPU. Every mirror has deliberately broken variants (swapped operands, an
-off-by-one predecessor, ...); each test first proves that the broken variant is caught by the check, then trusts the mirror.
+off-by-one predecessor, ...); each test first proves that the broken variant is caught by
+the check, then trusts the mirror.
 """
 from __future__ import annotations
 
