@@ -20,14 +20,13 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    79%, (65536, 1024) 55% vs 61%, (16384, 4096) 59% vs 68%). 8-byte types (f64, c64):
   //    not measured, lookback_regs as before.
   //    strided_stage falls back to lookback_regs where its 16-byte vectors are not legal.
-  //  * contiguous, fewer rows (section 6): row_rounds (persistent co-resident blocks, a
-  //    fixed-order fold per round instead of the look-back's chain of prefixes). PREDICTED
-  //    to beat lookback_regs (1 x 2^26: 40% of copy) for L > 512; to be replaced by the
-  //    measured rule.
+  //  * contiguous, fewer rows (section 6): row_rounds (a fixed-order fold per round of
+  //    co-resident blocks) measured SLOWER than lookback_regs at every shape tried (1 x 2^26
+  //    fp32 33% vs 41%, 64 x 2^20 33% vs 45%, bf16 24% vs 37%), so auto keeps lookback_regs.
   if (p.inner == 1) {
     if (p.outer >= 512) return kRowWalk;
     if (p.L <= 512) return kLookbackWarp;
-    return kRowRounds;
+    return kLookbackRegs;
   }
   if (elem_bytes == 2 || (elem_bytes == 4 && p.L <= 1024)) return kStridedStage;
   return kLookbackRegs;
