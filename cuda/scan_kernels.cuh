@@ -455,6 +455,24 @@ __device__ __forceinline__ Pair<typename Elem<T>::S> h0_pair(const Dev& d, int64
   return {s_one<S>(), Elem<T>::up(static_cast<const T*>(d.h0)[idx])};
 }
 
+// Serial inclusive scan of a thread's ITEMS, then a Kogge-Stone scan of the thread totals
+// across the warp (lane >= o takes the lane o below as the EARLIER operand). Returns the
+// lane's warp-inclusive total; ex = its warp-exclusive prefix (identity in lane 0).
+template <class S, int ITEMS>
+__device__ __forceinline__ Pair<S> thread_warp_scan(Pair<S> (&x)[ITEMS], int lane, Pair<S>& ex) {
+#pragma unroll
+  for (int i = 1; i < ITEMS; ++i) x[i] = combine(x[i - 1], x[i]);
+  Pair<S> w = x[ITEMS - 1];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    Pair<S> u = shfl_up(w, o);
+    if (lane >= o) w = combine(u, w);
+  }
+  ex = shfl_up(w, 1);
+  if (lane == 0) ex = identity<S>();
+  return w;
+}
+
 // The tile id: dynamic (in the order blocks start, so that every predecessor of a tile
 // has started and will finish: no deadlock) for the look-back, blockIdx.x otherwise.
 template <int CARRY>
@@ -506,18 +524,9 @@ __global__ void __launch_bounds__(THREADS, MINB) tile_scan_kernel(Dev d) {
   P x[ITEMS];
   load_items<T, ITEMS>(d, a, b, base, x);
 
-  // 1. serial inclusive scan in registers
-#pragma unroll
-  for (int i = 1; i < ITEMS; ++i) x[i] = combine(x[i - 1], x[i]);
-  // 2. warp inclusive scan of the thread aggregates (Kogge-Stone with shuffles)
-  P w = x[ITEMS - 1];
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    P u = shfl_up(w, o);
-    if (lane >= o) w = combine(u, w);
-  }
-  P ex = shfl_up(w, 1);  // exclusive within the warp
-  if (lane == 0) ex = identity<S>();
+  // 1-2. serial inclusive scan in registers, then over the warp's thread aggregates
+  P ex;
+  const P w = thread_warp_scan<S, ITEMS>(x, lane, ex);
   if (lane == 31) s_warp[warp] = w;
   __syncthreads();
   // 3. block: the warp's prefix is the fold of the earlier warps' totals
@@ -655,16 +664,8 @@ __global__ void __launch_bounds__(THREADS, MINB) row_rounds_kernel(Dev d) {
   for (int64_t r0 = 0, g = j, rr = 0; g < ntiles; r0 += G, g += G, ++rr) {
     const int64_t row = g / tpr, k = g % tpr;
     // 1. local scan: serial in the thread, Kogge-Stone in the warp, warp totals in order
-#pragma unroll
-    for (int i = 1; i < ITEMS; ++i) x[i] = combine(x[i - 1], x[i]);
-    P w = x[ITEMS - 1];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      P u = shfl_up(w, o);
-      if (lane >= o) w = combine(u, w);
-    }
-    P ex = shfl_up(w, 1);
-    if (lane == 0) ex = identity<S>();
+    P ex;
+    const P w = thread_warp_scan<S, ITEMS>(x, lane, ex);
     if (lane == 31) s_warp[warp] = w;
     __syncthreads();
     P wp = identity<S>();
@@ -1083,16 +1084,8 @@ __device__ __forceinline__ void cp_wait() {
 template <class S, int VEC>
 __device__ __forceinline__ void warp_sub_scan(Pair<S> (&x)[VEC], Pair<S>& carry, int lane) {
   using P = Pair<S>;
-#pragma unroll
-  for (int e = 1; e < VEC; ++e) x[e] = combine(x[e - 1], x[e]);
-  P w = x[VEC - 1];
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    P u = shfl_up(w, o);
-    if (lane >= o) w = combine(u, w);
-  }
-  P ex = shfl_up(w, 1);
-  if (lane == 0) ex = identity<S>();
+  P ex;
+  const P w = thread_warp_scan<S, VEC>(x, lane, ex);
   const P pre = combine(carry, ex);
 #pragma unroll
   for (int e = 0; e < VEC; ++e) x[e] = combine(pre, x[e]);
