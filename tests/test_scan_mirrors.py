@@ -135,6 +135,30 @@ def warp_scan(w, broken=None):
     return a, b
 
 
+def tile_local_scan(xa, xb, broken=None):
+    """thread_warp_scan + the block fold of tile_scan_kernel / row_rounds_kernel, in place
+    on xa, xb (threads, items): the serial scan in each thread, Kogge-Stone over each warp's
+    thread totals; returns the warp-inclusive (wa, wb) and warp-exclusive (exa, exb) values
+    per thread, the warp totals and the tile total (their fold in warp order)."""
+    threads, items = xa.shape
+    for i in range(1, items):
+        xa[:, i], xb[:, i] = comb((xa[:, i - 1], xb[:, i - 1]), (xa[:, i], xb[:, i]))
+    wa, wb = np.empty(threads), np.empty(threads)
+    exa, exb = np.empty(threads), np.empty(threads)
+    s_warp = []
+    for w in range(threads // 32):
+        sl = slice(32 * w, 32 * w + 32)
+        ia, ib = warp_scan((xa[sl, -1], xb[sl, -1]), broken)
+        wa[sl], wb[sl] = ia, ib
+        exa[sl], exb[sl] = np.roll(ia, 1), np.roll(ib, 1)
+        exa[32 * w], exb[32 * w] = 1.0, 0.0
+        s_warp.append((ia[31], ib[31]))
+    t = s_warp[0]
+    for q in range(1, len(s_warp)):
+        t = comb(t, s_warp[q])
+    return wa, wb, exa, exb, s_warp, t
+
+
 # ----------------------------------------------------------------------------------------
 # contiguous tile_scan_kernel (lookback_serial / lookback_warp / lookback_regs); the
 # three-pass carry structure is mirrored by tiled_three_pass below
@@ -179,22 +203,7 @@ def contiguous_mirror(a, b, h0, reverse, threads, items, vec_width, carry, rng, 
         valid = idx >= 0
         xa = np.where(valid, a[chain, np.maximum(idx, 0)], 1.0)
         xb = np.where(valid, b[chain, np.maximum(idx, 0)], 0.0)
-        for i in range(1, items):  # serial scan in registers
-            xa[:, i], xb[:, i] = comb((xa[:, i - 1], xb[:, i - 1]), (xa[:, i], xb[:, i]))
-        nw = threads // 32
-        wa, wb = np.empty(threads), np.empty(threads)
-        exa, exb = np.empty(threads), np.empty(threads)
-        s_warp = []
-        for w in range(nw):
-            sl = slice(32 * w, 32 * w + 32)
-            ia, ib = warp_scan((xa[sl, -1], xb[sl, -1]), broken)
-            wa[sl], wb[sl] = ia, ib
-            exa[sl], exb[sl] = np.roll(ia, 1), np.roll(ib, 1)
-            exa[32 * w], exb[32 * w] = 1.0, 0.0
-            s_warp.append((ia[31], ib[31]))
-        t = s_warp[0]
-        for q in range(1, nw):
-            t = comb(t, s_warp[q])
+        wa, wb, exa, exb, s_warp, t = tile_local_scan(xa, xb, broken)
         h0p = (1.0, h0[chain])
         rec = lambda c: c * nchains + chain
         e = h0p
@@ -786,19 +795,7 @@ def rounds_mirror(a, b, h0, reverse, threads, items, G, broken=None):
             idx = np.where(valid, L - 1 - p if reverse else p, -1)
             xa = np.where(valid, a[row, np.maximum(idx, 0)], 1.0)
             xb = np.where(valid, b[row, np.maximum(idx, 0)], 0.0)
-            for i in range(1, items):
-                xa[:, i], xb[:, i] = comb((xa[:, i - 1], xb[:, i - 1]), (xa[:, i], xb[:, i]))
-            exa, exb = np.empty(threads), np.empty(threads)
-            s_warp = []
-            for w in range(nw):
-                sl = slice(32 * w, 32 * w + 32)
-                ia, ib = warp_scan((xa[sl, -1], xb[sl, -1]))
-                exa[sl], exb[sl] = np.roll(ia, 1), np.roll(ib, 1)
-                exa[32 * w], exb[32 * w] = 1.0, 0.0
-                s_warp.append((ia[31], ib[31]))
-            t = s_warp[0]
-            for q in range(1, nw):
-                t = comb(t, s_warp[q])
+            _, _, exa, exb, s_warp, t = tile_local_scan(xa, xb)
             h0p = (1.0, h0[row])
             if k == 0 and broken != "no_reset":
                 slots.append(comb(h0p, t) + (True,))
