@@ -1618,35 +1618,9 @@ struct StageGeom {
   size_t total() const { return 256 + flag_bytes + 2 * value_bytes; }
 };
 
-// 16-byte vectors along the channels are legal (else the plan falls back to lookback_regs)
-template <class T>
-bool stage_legal(const ScanProblem& p) {
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
-                         reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
-  return p.inner > 1 && (bits & 15) == 0 && p.inner % StageCfg<T>::V == 0;
-}
-
-template <class T, int NW, int SPW, int NBUF>
-cudaError_t stage_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
-  const StageGeom<T, NW, SPW> g(p);
-  if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
-  auto kernel = strided_stage_kernel<T, NW, SPW, NBUF>;
-  const size_t smem = size_t(NBUF) * NW * SPW * 1024;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  static std::atomic<int> resident[64];  // per device: blocks per SM (0: not asked yet)
-  const int slot = dev & 63;
-  int per_sm = resident[slot].load(std::memory_order_relaxed);
-  if (per_sm == 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, NW * 32, smem);
-    int sms = 0;
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-    per_sm = per_sm * sms > 0 ? per_sm * sms : 1;  // stored: resident blocks on the device
-    resident[slot].store(per_sm, std::memory_order_relaxed);
-  }
+// The problem's pointers, sizes and direction as kernel parameters (each launcher fills in
+// its tiling, its scratch and the vector flag).
+inline Dev dev_params(const ScanProblem& p) {
   Dev d{};
   d.a = p.a;
   d.b = p.b;
@@ -1655,10 +1629,55 @@ cudaError_t stage_launch(const ScanProblem& p, void* scratch, cudaStream_t strea
   d.aprod = p.aprod;
   d.L = p.L;
   d.inner = p.inner;
+  d.reverse = p.reverse;
+  return d;
+}
+
+// The low address bits of the four arrays together (16-byte vectors need (bits & 15) == 0).
+inline uintptr_t align_bits(const ScanProblem& p) {
+  return reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
+         reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
+}
+
+// Blocks of `kernel` that fit on the current device at once (occupancy x SMs, at least 1),
+// asked once per device and remembered in `cache` (one slot per device, 0: not asked yet).
+template <class K>
+cudaError_t resident_blocks(K kernel, int threads, size_t smem, std::atomic<int> (&cache)[64], int& out) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  out = cache[dev & 63].load(std::memory_order_relaxed);
+  if (out > 0) return cudaSuccess;
+  int per_sm = 0, sms = 0;
+  if (smem > 48 * 1024) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  out = per_sm * sms > 0 ? per_sm * sms : 1;
+  cache[dev & 63].store(out, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+// 16-byte vectors along the channels are legal (else the plan falls back to lookback_regs)
+template <class T>
+bool stage_legal(const ScanProblem& p) {
+  return p.inner > 1 && (align_bits(p) & 15) == 0 && p.inner % StageCfg<T>::V == 0;
+}
+
+template <class T, int NW, int SPW, int NBUF>
+cudaError_t stage_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
+  const StageGeom<T, NW, SPW> g(p);
+  if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
+  auto kernel = strided_stage_kernel<T, NW, SPW, NBUF>;
+  const size_t smem = size_t(NBUF) * NW * SPW * 1024;
+  static std::atomic<int> resident[64];
+  int per_sm = 0;  // resident blocks on the device (the persistent NBUF > 1 grid)
+  cudaError_t err = resident_blocks(kernel, NW * 32, smem, resident, per_sm);
+  if (err != cudaSuccess) return err;
+  Dev d = dev_params(p);
   d.nchains = g.nchains;
   d.nchunks = g.nchunks;
   d.nct = g.nct;
-  d.reverse = p.reverse;
   d.vec = true;
   char* base = static_cast<char*>(scratch);
   d.counter = reinterpret_cast<unsigned*>(base);
@@ -1702,37 +1721,16 @@ cudaError_t rounds_launch(const ScanProblem& p, void* scratch, cudaStream_t stre
   const RoundsGeom<THREADS, ITEMS> g(p);
   if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
   auto kernel = row_rounds_kernel<T, THREADS, ITEMS, MINB>;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  static std::atomic<int> resident[64];
+  int res = 0;  // co-resident blocks: the cooperative grid's ceiling
+  cudaError_t err = resident_blocks(kernel, THREADS, 0, resident, res);
   if (err != cudaSuccess) return err;
-  static std::atomic<int> resident[64];  // per device: co-resident blocks (0: not asked yet)
-  const int slot = dev & 63;
-  int res = resident[slot].load(std::memory_order_relaxed);
-  if (res == 0) {
-    int per_sm = 0, sms = 0;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, 0);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-    res = per_sm * sms;
-    if (res < 1) return cudaErrorInvalidConfiguration;
-    resident[slot].store(res, std::memory_order_relaxed);
-  }
   int64_t grid = res < 32 * rounds_max_m(MINB) ? res : 32 * rounds_max_m(MINB);
   if (grid > g.ntiles) grid = g.ntiles;
-  Dev d{};
-  d.a = p.a;
-  d.b = p.b;
-  d.h0 = p.h0;
-  d.h = p.h;
-  d.aprod = p.aprod;
-  d.L = p.L;
-  d.inner = 1;
+  Dev d = dev_params(p);
   d.nchains = p.outer;
   d.nchunks = g.tpr;
-  d.reverse = p.reverse;
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
-                         reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
-  d.vec = (bits & 15) == 0 && p.L % (16 / sizeof(T)) == 0;
+  d.vec = (align_bits(p) & 15) == 0 && p.L % (16 / sizeof(T)) == 0;
   char* base = static_cast<char*>(scratch);
   d.counter = reinterpret_cast<unsigned*>(base);
   d.status = base + 256;
@@ -1861,8 +1859,6 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   const Plan pl = make_plan<T>(p);
   const int64_t ntiles = pl.nchains * pl.nchunks;
   if (ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
-  const uintptr_t align_bits0 = reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
-                                reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
   if (pl.algo == kStridedStage) {
     using TU = StageTune<T>;
     return stage_launch<T, TU::NW, TU::SPW, TU::NBUF>(p, scratch, stream);
@@ -1872,47 +1868,29 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     return rounds_launch<T, TU::THREADS, TU::ITEMS, TU::MINB>(p, scratch, stream);
   }
   if (pl.algo == kRowWalk || pl.algo == kStridedWalk) {
-    Dev d{};
-    d.a = p.a;
-    d.b = p.b;
-    d.h0 = p.h0;
-    d.h = p.h;
-    d.aprod = p.aprod;
-    d.L = p.L;
-    d.inner = p.inner;
+    Dev d = dev_params(p);
     d.nchains = pl.nchains;
     d.nchunks = 1;
     d.nct = pl.nct;
-    d.reverse = p.reverse;
     if (pl.algo == kRowWalk) {
-      d.vec = (align_bits0 & 15) == 0 && p.L % C::VEC == 0;
+      d.vec = (align_bits(p) & 15) == 0 && p.L % C::VEC == 0;
       row_walk_kernel<T, C::ROW_STAGES><<<(unsigned)pl.nchains, 32, C::row_smem(), stream>>>(d);
     } else {
-      d.vec = (align_bits0 & (WalkCfg<T>::VB - 1)) == 0 && p.inner % WalkCfg<T>::NCH == 0;
+      d.vec = (align_bits(p) & (WalkCfg<T>::VB - 1)) == 0 && p.inner % WalkCfg<T>::NCH == 0;
       strided_walk_kernel<T, C::SW_STAGES, C::SW_K><<<(unsigned)pl.nchains, 32, C::sw_smem(), stream>>>(d);
     }
     return cudaGetLastError();
   }
-  Dev d{};
-  d.a = p.a;
-  d.b = p.b;
-  d.h0 = p.h0;
-  d.h = p.h;
-  d.aprod = p.aprod;
-  d.L = p.L;
-  d.inner = p.inner;
+  Dev d = dev_params(p);
   d.nchains = pl.nchains;
   d.nchunks = pl.nchunks;
   d.nct = pl.nct;
-  d.reverse = p.reverse;
   char* base = static_cast<char*>(scratch);
   d.counter = reinterpret_cast<unsigned*>(base);
   d.status = base + 256;
   d.nstatus = pl.nstatus;
   d.carry = base + 256;
-  const uintptr_t align_bits = reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
-                               reinterpret_cast<uintptr_t>(p.h) | reinterpret_cast<uintptr_t>(p.aprod);
-  const bool aligned = (align_bits & 15) == 0;
+  const bool aligned = (align_bits(p) & 15) == 0;
   d.vec = aligned && (pl.strided ? p.inner % C::SVEC == 0 : p.L % C::VEC == 0);
   const unsigned grid = (unsigned)ntiles;
   cudaError_t err = cudaSuccess;
