@@ -15,7 +15,8 @@
 # Also: variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
 # events; VB_ENV="VB_ROWS=1" picks the shape set), main_bench (python -m jax_selscan.bench
 # and examples/lru_drop_in.py, the README's plot), cpu_bench (the CPU selective-scan
-# benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON).
+# benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON;
+# CPU_SCALING=0 skips the curve; JSS_CUDA=OFF builds the CPU extension alone).
 # Each stage has its own time limit so that a hang cannot eat the whole call.
 # Only a few files come back from the device: the stage logs go to $LOGS and are joined
 # into $OUT/stages.log at the end; the benchmark writes its JSON / Markdown into $OUT.
@@ -56,7 +57,7 @@ mkdir -p "$BIN"
 # DRIVER=path: a scan_driver built elsewhere from this tree (e.g. carried); else built here.
 if has build; then
   PIPCMD=($PY -m pip install --no-build-isolation --no-deps -v . -C build-dir=/tmp/jss_build
-          -C cmake.define.CMAKE_CUDA_ARCHITECTURES=$ARCH -C cmake.define.JAX_SELSCAN_CUDA=ON
+          -C cmake.define.CMAKE_CUDA_ARCHITECTURES=$ARCH -C cmake.define.JAX_SELSCAN_CUDA=${JSS_CUDA:-ON}
           -C cmake.define.JAX_SELSCAN_CPU=${JSS_CPU:-OFF})
   ( t0=$(date +%s); timeout 420 "${PIPCMD[@]}" > "$LOGS/build.log" 2>&1; rc=$?
     echo "=== build rc=$rc in $(( $(date +%s) - t0 ))s" >> "$LOGS/build.log"; exit $rc ) &
@@ -132,8 +133,8 @@ if has main_bench; then
 fi
 if has cpu_bench; then  # CPU only (JAX_PLATFORMS=cpu): the 16 host cores
   JAX_PLATFORMS=cpu TAIL=30 step cpu_bench 300 $PY -P benchmarks/cpu_selective_scan.py --out "$OUT/cpu_selective_scan_host"
-  JAX_PLATFORMS=cpu TAIL=30 step cpu_scaling 300 $PY -P benchmarks/cpu_selective_scan_scaling.py \
-    --out "$OUT/cpu_selective_scan_scaling_host"
+  [[ "${CPU_SCALING:-1}" == 1 ]] && JAX_PLATFORMS=cpu TAIL=30 step cpu_scaling 300 $PY -P \
+    benchmarks/cpu_selective_scan_scaling.py --out "$OUT/cpu_selective_scan_scaling_host"
 fi
 for f in env.txt "$LOGS"/*.log; do
   f=$(basename "$f"); [[ -f "$LOGS/$f" ]] && { echo "##### $f"; cat "$LOGS/$f"; }
