@@ -532,6 +532,7 @@ def main(argv=None):
     result = run(mode, args.repeats, args.min_time, progress=not args.no_progress,
                  mamba_ssm=not args.no_mamba_ssm)
     print_tables(result)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"\nwrote {args.out}")

@@ -16,7 +16,7 @@ from jax_selscan import bench
 def quick(tmp_path_factory):
     """Run the command once (in a subprocess, as a user would) and load its JSON."""
     tmp = tmp_path_factory.mktemp("bench")
-    out = tmp / "bench.json"
+    out = tmp / "results" / "bench.json"  # a folder that does not exist yet: the command makes it
     env = dict(os.environ)
     # the same jax_selscan as this test session imports (source tree or installed)
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_selscan.__file__)))
@@ -99,7 +99,7 @@ def test_quick_prints_table_and_progress(quick):
     except ImportError:
         assert "no plot" in proc.stdout
     else:
-        assert (tmp / "bench.png").stat().st_size > 1000
+        assert (tmp / "results" / "bench.png").stat().st_size > 1000
 
 
 def test_tables_survive_missing_measurements():
