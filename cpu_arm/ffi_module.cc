@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "linear_scan_cpu.h"
 #include "selective_scan_cpu.h"  // select_ss_table (ss_lanes)
@@ -178,31 +179,36 @@ ffi::Error LinearScanProdImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBu
   return run(pool, a, b, h0, &*h, &*a_prod, axis, reverse);
 }
 
+// Both handlers' binding: (a, b, h0) -> h, plus a_prod for the _prod variant, then
+// the attributes (jax_selscan/_ffi.py passes them by position and by name).
+template <bool kProd>
+auto bind_linear_scan() {
+  auto with_attrs = [](auto&& b) {
+    return std::move(b)
+        .template Attr<int64_t>("axis")
+        .template Attr<bool>("reverse")
+        .template Attr<int64_t>("algorithm");
+  };
+  auto ops = ffi::Ffi::Bind()
+                 .Ctx<ffi::ThreadPool>()
+                 .Arg<ffi::AnyBuffer>()  // a
+                 .Arg<ffi::AnyBuffer>()  // b
+                 .Arg<ffi::AnyBuffer>()  // h0
+                 .Ret<ffi::AnyBuffer>();  // h
+  if constexpr (kProd)
+    return with_attrs(std::move(ops).Ret<ffi::AnyBuffer>());  // a_prod
+  else
+    return with_attrs(std::move(ops));
+}
+
 }  // namespace
 }  // namespace jax_selscan
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanLinearScan, jax_selscan::LinearScanImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Arg<ffi::AnyBuffer>()  // b
-                                  .Arg<ffi::AnyBuffer>()  // h0
-                                  .Ret<ffi::AnyBuffer>()  // h
-                                  .Attr<int64_t>("axis")
-                                  .Attr<bool>("reverse")
-                                  .Attr<int64_t>("algorithm"));
+                              jax_selscan::bind_linear_scan<false>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanLinearScanProd, jax_selscan::LinearScanProdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // a
-                                  .Arg<ffi::AnyBuffer>()  // b
-                                  .Arg<ffi::AnyBuffer>()  // h0
-                                  .Ret<ffi::AnyBuffer>()  // h
-                                  .Ret<ffi::AnyBuffer>()  // a_prod
-                                  .Attr<int64_t>("axis")
-                                  .Attr<bool>("reverse")
-                                  .Attr<int64_t>("algorithm"));
+                              jax_selscan::bind_linear_scan<true>());
 
 // selective_scan (selective_scan_ffi.cc)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxSelscanSelectiveScan);

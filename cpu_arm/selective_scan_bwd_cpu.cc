@@ -10,42 +10,19 @@
 #include <vector>
 
 #include "selective_scan_cpu.h"  // ss_table_named (the forward's ISA check)
+#include "ss_host_util.h"
 
 namespace jax_selscan {
 
 const SsBwdTable* ss_bwd_table_named(const std::string& name) {
-  std::vector<const SsBwdTable*> all;
-#if defined(__x86_64__) || defined(_M_X64)
-  all.push_back(ss_bwd_table_avx512());
-  all.push_back(ss_bwd_table_avx2());
-#endif
-#if defined(__aarch64__)
-  all.push_back(ss_bwd_table_neon());
-#endif
-  all.push_back(ss_bwd_table_generic());
-  const std::string n = name == "scalar" ? "generic" : name;
-  for (const SsBwdTable* t : all)
-    if (n == t->name && kernel_table_named(n) != nullptr) return t;  // CPU support checked there
-  return nullptr;
+  return isa_table_named<SsBwdTable>({JSS_ISA_TABLES(ss_bwd_table_)}, name);
 }
 
 const SsBwdTable* select_ss_bwd_table(std::string* error) {
-  const KernelTable* k = select_kernel_table(error);
-  if (k == nullptr) return nullptr;
-  const SsBwdTable* t = ss_bwd_table_named(k->name);
-  if (t == nullptr && error != nullptr) *error = std::string("no selective-scan backward kernel for ") + k->name;
-  return t;
+  return select_isa_table(ss_bwd_table_named, "selective-scan backward", error);
 }
 
 namespace {
-struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<float, FreeDeleter>;
-Buffer alloc_floats(int64_t n) {
-  const size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
-  return Buffer(static_cast<float*>(std::aligned_alloc(64, bytes > 0 ? bytes : 64)));
-}
 void zero(float* p, int64_t n) {
   if (p != nullptr && n > 0) std::memset(p, 0, sizeof(float) * static_cast<size_t>(n));
 }
@@ -98,9 +75,9 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
   const bool var = p.b_var || p.c_var;
   const int64_t pb_floats = p.b_var ? L * N : NW, pc_floats = p.c_var ? L * N : NW;
   const int64_t pb_count = p.b_var ? items : tasks, pc_count = p.c_var ? items : tasks;
-  Buffer pA = alloc_floats(tasks * NW), pB = alloc_floats(pb_count * pb_floats),
-         pC = alloc_floats(pc_count * pc_floats), pD = alloc_floats(tasks * lanes),
-         pbias = alloc_floats(tasks * lanes);
+  FloatBuffer pA = alloc_floats(tasks * NW), pB = alloc_floats(pb_count * pb_floats),
+              pC = alloc_floats(pc_count * pc_floats), pD = alloc_floats(tasks * lanes),
+              pbias = alloc_floats(tasks * lanes);
   const int64_t work_floats = ss_bwd_work_floats(lanes, N, L);
   const int64_t cost = batch * Dm * L * std::max<int64_t>(N, 1);
   const int64_t threads = cost < (int64_t(1) << 16) ? 1 : executor.num_threads();
@@ -119,7 +96,7 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
     table.run(q, t);
   };
   auto worker = [&](int64_t) {
-    Buffer work = alloc_floats(work_floats);
+    FloatBuffer work = alloc_floats(work_floats);
     if (!var) {
       for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) run_task(i, 0, false, work.get());
       return;

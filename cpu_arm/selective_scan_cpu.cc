@@ -8,43 +8,17 @@
 #include <vector>
 
 #include "dtypes.h"
+#include "ss_host_util.h"
 
 namespace jax_selscan {
 
 const SsTable* ss_table_named(const std::string& name) {
-  std::vector<const SsTable*> all;
-#if defined(__x86_64__) || defined(_M_X64)
-  all.push_back(ss_table_avx512());
-  all.push_back(ss_table_avx2());
-#endif
-#if defined(__aarch64__)
-  all.push_back(ss_table_neon());
-#endif
-  all.push_back(ss_table_generic());
-  const std::string n = name == "scalar" ? "generic" : name;
-  for (const SsTable* t : all)
-    if (n == t->name && kernel_table_named(n) != nullptr) return t;  // CPU support checked there
-  return nullptr;
+  return isa_table_named<SsTable>({JSS_ISA_TABLES(ss_table_)}, name);
 }
 
 const SsTable* select_ss_table(std::string* error) {
-  const KernelTable* k = select_kernel_table(error);
-  if (k == nullptr) return nullptr;
-  const SsTable* t = ss_table_named(k->name);
-  if (t == nullptr && error != nullptr) *error = std::string("no selective-scan kernel for ") + k->name;
-  return t;
+  return select_isa_table(ss_table_named, "selective-scan", error);
 }
-
-namespace {
-struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<float, FreeDeleter>;
-Buffer alloc_floats(int64_t n) {
-  const size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
-  return Buffer(static_cast<float*>(std::aligned_alloc(64, bytes > 0 ? bytes : 64)));
-}
-}  // namespace
 
 void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& executor) {
   // Checkpoints: every row's flag starts at 0 ("not written"); the channel-path tasks
@@ -120,8 +94,8 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
     const int64_t workers = std::min<int64_t>(threads, tasks);
     std::atomic<int64_t> next{0};
     auto worker = [&](int64_t) {
-      Buffer work = alloc_floats(work_floats);
-      Buffer da = keep_da ? alloc_floats(da_floats) : Buffer();
+      FloatBuffer work = alloc_floats(work_floats);
+      FloatBuffer da = keep_da ? alloc_floats(da_floats) : FloatBuffer();
       for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
         SsTask t{};
         task_at(i, t);
@@ -141,14 +115,14 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
   std::vector<float> hend(tasks * pieces * per), ptot(tasks * pieces * per), hin(tasks * pieces * per);
   std::vector<int64_t> window(tasks * pieces);
   const int64_t yr_stride = tile == 1 ? p.length : p.length * lanes;
-  Buffer yr = bidi ? alloc_floats(tasks * yr_stride) : Buffer();
+  FloatBuffer yr = bidi ? alloc_floats(tasks * yr_stride) : FloatBuffer();
   std::vector<SsDirection> dirs;
   if (bidi) dirs = {SsDirection::kReverse, SsDirection::kForward};
   else dirs = {p.direction};
   for (SsDirection dir : dirs) {
     const bool reverse = dir == SsDirection::kReverse;
     auto run_item = [&](int64_t task, int64_t piece, int phase) {
-      Buffer work = alloc_floats(work_floats);
+      FloatBuffer work = alloc_floats(work_floats);
       SsTask t{};
       task_at(task, t);
       t.work = work.get();

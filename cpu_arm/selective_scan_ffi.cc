@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #if defined(__linux__)
 #include <sys/mman.h>  // madvise
@@ -336,82 +337,63 @@ ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::Any
   return ffi::Error::Success();
 }
 
+// The three handlers share the leading operands and the trailing attributes
+// (jax_selscan/_ffi.py passes them by position and by name): bound once here.
+auto bind_ss_operands() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::AnyBuffer>()  // u
+      .Arg<ffi::AnyBuffer>()  // delta
+      .Arg<ffi::AnyBuffer>()  // A
+      .Arg<ffi::AnyBuffer>()  // B
+      .Arg<ffi::AnyBuffer>()  // C
+      .Arg<ffi::AnyBuffer>()  // D
+      .Arg<ffi::AnyBuffer>()  // z
+      .Arg<ffi::AnyBuffer>()  // delta_bias
+      .Arg<ffi::AnyBuffer>();  // h0
+}
+
+// The forward's operands and results (the ckpt variant appends one result).
+auto bind_ss_fwd() {
+  return bind_ss_operands()
+      .Ret<ffi::AnyBuffer>()  // out
+      .Ret<ffi::AnyBuffer>()  // last_fwd
+      .Ret<ffi::AnyBuffer>();  // last_rev
+}
+
+template <class B>
+auto with_ss_attrs(B b) {
+  return std::move(b)
+      .template Attr<bool>("delta_softplus")
+      .template Attr<int64_t>("direction")
+      .template Attr<bool>("has_D")
+      .template Attr<bool>("has_z")
+      .template Attr<bool>("has_delta_bias")
+      .template Attr<bool>("has_h0");
+}
+
 }  // namespace
 }  // namespace jax_selscan
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScan, jax_selscan::SelectiveScanImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // u
-                                  .Arg<ffi::AnyBuffer>()  // delta
-                                  .Arg<ffi::AnyBuffer>()  // A
-                                  .Arg<ffi::AnyBuffer>()  // B
-                                  .Arg<ffi::AnyBuffer>()  // C
-                                  .Arg<ffi::AnyBuffer>()  // D
-                                  .Arg<ffi::AnyBuffer>()  // z
-                                  .Arg<ffi::AnyBuffer>()  // delta_bias
-                                  .Arg<ffi::AnyBuffer>()  // h0
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // last_fwd
-                                  .Ret<ffi::AnyBuffer>()  // last_rev
-                                  .Attr<bool>("delta_softplus")
-                                  .Attr<int64_t>("direction")
-                                  .Attr<bool>("has_D")
-                                  .Attr<bool>("has_z")
-                                  .Attr<bool>("has_delta_bias")
-                                  .Attr<bool>("has_h0"));
+                              jax_selscan::with_ss_attrs(jax_selscan::bind_ss_fwd()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScanCkpt, jax_selscan::SelectiveScanCkptImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // u
-                                  .Arg<ffi::AnyBuffer>()  // delta
-                                  .Arg<ffi::AnyBuffer>()  // A
-                                  .Arg<ffi::AnyBuffer>()  // B
-                                  .Arg<ffi::AnyBuffer>()  // C
-                                  .Arg<ffi::AnyBuffer>()  // D
-                                  .Arg<ffi::AnyBuffer>()  // z
-                                  .Arg<ffi::AnyBuffer>()  // delta_bias
-                                  .Arg<ffi::AnyBuffer>()  // h0
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // last_fwd
-                                  .Ret<ffi::AnyBuffer>()  // last_rev
-                                  .Ret<ffi::AnyBuffer>()  // ckpt
-                                  .Attr<bool>("delta_softplus")
-                                  .Attr<int64_t>("direction")
-                                  .Attr<bool>("has_D")
-                                  .Attr<bool>("has_z")
-                                  .Attr<bool>("has_delta_bias")
-                                  .Attr<bool>("has_h0"));
+                              jax_selscan::with_ss_attrs(jax_selscan::bind_ss_fwd()
+                                                             .Ret<ffi::AnyBuffer>()));  // ckpt
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScanBwd, jax_selscan::SelectiveScanBwdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // u
-                                  .Arg<ffi::AnyBuffer>()  // delta
-                                  .Arg<ffi::AnyBuffer>()  // A
-                                  .Arg<ffi::AnyBuffer>()  // B
-                                  .Arg<ffi::AnyBuffer>()  // C
-                                  .Arg<ffi::AnyBuffer>()  // D
-                                  .Arg<ffi::AnyBuffer>()  // z
-                                  .Arg<ffi::AnyBuffer>()  // delta_bias
-                                  .Arg<ffi::AnyBuffer>()  // h0
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // dlast_fwd
-                                  .Arg<ffi::AnyBuffer>()  // dlast_rev
-                                  .Arg<ffi::AnyBuffer>()  // ckpt
-                                  .Ret<ffi::AnyBuffer>()  // du
-                                  .Ret<ffi::AnyBuffer>()  // ddelta
-                                  .Ret<ffi::AnyBuffer>()  // dz
-                                  .Ret<ffi::AnyBuffer>()  // dA
-                                  .Ret<ffi::AnyBuffer>()  // dB
-                                  .Ret<ffi::AnyBuffer>()  // dC
-                                  .Ret<ffi::AnyBuffer>()  // dD
-                                  .Ret<ffi::AnyBuffer>()  // ddelta_bias
-                                  .Ret<ffi::AnyBuffer>()  // dh0
-                                  .Attr<bool>("delta_softplus")
-                                  .Attr<int64_t>("direction")
-                                  .Attr<bool>("has_D")
-                                  .Attr<bool>("has_z")
-                                  .Attr<bool>("has_delta_bias")
-                                  .Attr<bool>("has_h0"));
+                              jax_selscan::with_ss_attrs(jax_selscan::bind_ss_operands()
+                                                             .Arg<ffi::AnyBuffer>()  // dout
+                                                             .Arg<ffi::AnyBuffer>()  // dlast_fwd
+                                                             .Arg<ffi::AnyBuffer>()  // dlast_rev
+                                                             .Arg<ffi::AnyBuffer>()  // ckpt
+                                                             .Ret<ffi::AnyBuffer>()  // du
+                                                             .Ret<ffi::AnyBuffer>()  // ddelta
+                                                             .Ret<ffi::AnyBuffer>()  // dz
+                                                             .Ret<ffi::AnyBuffer>()  // dA
+                                                             .Ret<ffi::AnyBuffer>()  // dB
+                                                             .Ret<ffi::AnyBuffer>()  // dC
+                                                             .Ret<ffi::AnyBuffer>()  // dD
+                                                             .Ret<ffi::AnyBuffer>()  // ddelta_bias
+                                                             .Ret<ffi::AnyBuffer>()));  // dh0

@@ -1,0 +1,57 @@
+// Host-side pieces shared by the selective-scan forward and backward drivers
+// (selective_scan_cpu.cc, selective_scan_bwd_cpu.cc): ISA table lookup and
+// scratch buffers. Baseline target only (not for the per-ISA kernel files).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+#include "linear_scan_cpu.h"  // kernel_table_named, select_kernel_table
+
+// The tables of one family compiled into this build, best first:
+// JSS_ISA_TABLES(ss_table_) is ss_table_avx512(), ss_table_avx2(), ss_table_generic() on x86-64.
+#if defined(__x86_64__) || defined(_M_X64)
+#define JSS_ISA_TABLES(prefix) prefix##avx512(), prefix##avx2(), prefix##generic()
+#elif defined(__aarch64__)
+#define JSS_ISA_TABLES(prefix) prefix##neon(), prefix##generic()
+#else
+#define JSS_ISA_TABLES(prefix) prefix##generic()
+#endif
+
+namespace jax_selscan {
+
+// The table in `all` for the ISA called `name` ("scalar" is "generic"), or null
+// when there is none or this CPU lacks that ISA.
+template <class Table>
+const Table* isa_table_named(std::initializer_list<const Table*> all, const std::string& name) {
+  const std::string n = name == "scalar" ? "generic" : name;
+  for (const Table* t : all)
+    if (n == t->name && kernel_table_named(n) != nullptr) return t;  // CPU support checked there
+  return nullptr;
+}
+
+// The table of the ISA the linear scan would use now (JAX_SELSCAN_CPU_ISA), found
+// by `named`; on failure null and, for a missing table, "no <what> kernel for <isa>".
+template <class Table>
+const Table* select_isa_table(const Table* (*named)(const std::string&), const char* what, std::string* error) {
+  const KernelTable* k = select_kernel_table(error);
+  if (k == nullptr) return nullptr;
+  const Table* t = named(k->name);
+  if (t == nullptr && error != nullptr) *error = std::string("no ") + what + " kernel for " + k->name;
+  return t;
+}
+
+// Scratch floats, 64-byte aligned, size rounded up to whole cache lines.
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+using FloatBuffer = std::unique_ptr<float, FreeDeleter>;
+inline FloatBuffer alloc_floats(int64_t n) {
+  const size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
+  return FloatBuffer(static_cast<float*>(std::aligned_alloc(64, bytes > 0 ? bytes : 64)));
+}
+
+}  // namespace jax_selscan
