@@ -163,8 +163,8 @@ def main():
             r["ref_skipped"] = "materialises 4 x batch*D*L*N float32 (> 1 GiB): not run"
         rows.append(r)
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("_runs")}), flush=True)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("JSS_COMMIT") or subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 machine=f"{platform.machine()} {os.cpu_count()} cores, "
                         f"{_cpu_model()}; kernel ISA {_cpu.isa()}",

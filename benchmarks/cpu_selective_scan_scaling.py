@@ -169,8 +169,8 @@ def main():
     for r in rows:
         one = [q for q in rows if q["shape"] == r["shape"] and q["threads"] == counts[0]][0]
         r["speedup_vs_1"] = one["kernel_ms"] / r["kernel_ms"] * (1 if counts[0] == 1 else float("nan"))
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("JSS_COMMIT") or subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
     import jax

@@ -43,10 +43,16 @@ step() {  # step NAME LIMIT CMD...
   return $rc
 }
 
+# The commit the results are labelled with. The device copy of the tree may carry stale git
+# metadata, so write it here before the call and carry the file:
+#   git rev-parse HEAD > .jss_commit   (run(..., carry=[".jss_commit", ...]))
+if [[ -z "${JSS_COMMIT:-}" && -f .jss_commit ]]; then JSS_COMMIT=$(cat .jss_commit); fi
+export JSS_COMMIT=${JSS_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+export JAX_SELSCAN_COMMIT=$JSS_COMMIT
 {
+  echo "commit (label) $JSS_COMMIT"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   nvcc --version | tail -2
-  git rev-parse HEAD 2>/dev/null
   $PY -c "import jax; print('jax', jax.__version__, jax.devices())"
 } > "$LOGS/env.txt" 2>&1
 cat "$LOGS/env.txt"
