@@ -211,8 +211,8 @@ def timed(call, sync, reps, warmup, budget_s):
     call's time sets the number of timed repeats: at most `reps`, at least 3, about
     `budget_s` in all; a first call slower than 0.25 s counts as the whole warm-up.
     `pipelined`: the same number of calls issued back to back with one sync at the end,
-    per call: the device time when dispatch overlaps the previous call (JAX's ~80 us and
-    torch's launch overheads hide behind the kernels).
+    per call (the second of two such passes): the device time when dispatch overlaps the
+    previous call (JAX's ~80 us and torch's launch overheads hide behind the kernels).
     """
     t0 = time.perf_counter()
     first = call()
@@ -228,11 +228,15 @@ def timed(call, sync, reps, warmup, budget_s):
         last = call()
         sync(last)
         times.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        res = call()
-    sync(res)
-    pipelined = (time.perf_counter() - t0) / n
+    # Two passes, the second one kept: the first pass of the first shape measured 4.5 ms
+    # against 2.8 synchronised (fwd+bwd fp32, session 4), consistent with the extension's
+    # scratch pool growing to its high-water mark while many calls are queued.
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            res = call()
+        sync(res)
+        pipelined = (time.perf_counter() - t0) / n
     res = None
     return median(times), times, first, last, pipelined
 
