@@ -2,7 +2,8 @@
 # THE one GPU script: build + install the package, GPU tests, compute-sanitizer
 # (memcheck, racecheck, synccheck) on small standalone drivers, determinism (500 runs),
 # the > 2^31-element checks and the benchmarks. Everything lands under $OUT (default ./out).
-#   STAGES="build driver pytest sanitize determinism big bench" scripts/gpu_check.sh
+#   STAGES="build driver pytest sanitize determinism graph big bench" scripts/gpu_check.sh
+# (graph: every kernel family captured in a CUDA graph and replayed, bitwise checked)
 # Selective scan: ss_pytest (GPU tests incl. 500-run determinism and > 2^31 elements),
 # ss_pytest_rows (the forward/backward tests with the round-1 kernels forced:
 # JAX_SELSCAN_SS_FWD=rows JAX_SELSCAN_SS_BWD=rows; SS_PYTEST_K="expr" selects tests of ss_pytest
@@ -24,7 +25,7 @@ set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 LOGS=${LOGS:-/tmp/gpu_check_logs}
 mkdir -p "$OUT" "$LOGS"
-STAGES=${STAGES:-"build driver pytest determinism big bench sanitize ss_pytest ss_pytest_rows ss_sanitize ss_bench"}
+STAGES=${STAGES:-"build driver pytest determinism graph big bench sanitize ss_pytest ss_pytest_rows ss_sanitize ss_bench"}
 ARCH=${ARCH:-90}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
@@ -96,7 +97,7 @@ DRV=${DRIVER:-}
 if [[ -n "$DRV" ]] && ! timeout 30 "$DRV" tiny strided_stage > /dev/null 2>&1; then
   echo "DRIVER=$DRV does not run here: building it"; DRV=
 fi
-if [[ -z "$DRV" ]] && { has driver || has sanitize || has determinism || has big; }; then
+if [[ -z "$DRV" ]] && { has driver || has sanitize || has determinism || has big || has graph; }; then
   nvcc -O2 -std=c++17 -arch=sm_$ARCH -lineinfo --expt-relaxed-constexpr -Icuda cuda/tools/scan_driver.cu \
     cuda/scan_f32.cu cuda/scan_f64.cu cuda/scan_bf16.cu cuda/scan_f16.cu cuda/scan_c64.cu cuda/dispatch.cc \
     -o "$BIN/scan_driver" > "$LOGS/build_driver.log" 2>&1 || status=1
@@ -116,6 +117,7 @@ if has sanitize; then
   done
 fi
 has big && step big 300 "$DRV" big
+has graph && step graph 120 "$DRV" graph 100
 if [[ -n "${PIP_PID:-}" ]]; then
   wait $PIP_PID || status=1
   tail -n 3 "$LOGS/build.log"

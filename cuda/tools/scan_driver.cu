@@ -6,6 +6,8 @@
 //         determinism N [S] N runs of one input, bitwise compared on the device (cases matching S)
 //         tiny [NAME]      the sanitizer shapes (only kernel NAME, e.g. strided_stage)
 //         big              more than 2^31 elements, contiguous and strided, checked in windows
+//         graph [N]        one launch per kernel captured in a CUDA graph, replayed N times,
+//                          bitwise equal to a direct launch
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -238,6 +240,67 @@ static int mode_determinism(int runs, const std::string& filter) {
   return fails ? 1 : 0;
 }
 
+// CUDA graphs: one launch (memsets + kernels, scratch preallocated) captured on a stream,
+// the graph replayed `runs` times, every replay bitwise equal to a direct launch. What this
+// shows: the kernels reset their own state on the stream, so a replay starts clean. (The
+// FFI handlers also allocate their scratch inside the call, which is why they are not
+// declared command-buffer compatible: docs/PERFORMANCE_CUDA.md section 6.2.)
+static int mode_graph(int runs) {
+  struct G { const char* what; int64_t o, L, i; int algo; };
+  std::vector<G> cases = {
+      {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kLookbackRegs},
+      {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kLookbackWarp},
+      {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kRowRounds},  // a cooperative launch
+      {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kThreePass},
+      {"contiguous 1024x4096", 1024, 4096, 1, jss::kRowWalk},
+      {"strided L=4096 C=4096", 1, 4096, 4096, jss::kStridedStage},
+      {"strided L=4096 C=4096", 1, 4096, 4096, jss::kLookbackRegs},
+  };
+  int fails = 0;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (auto& c : cases) {
+    const int64_t n = c.o * c.L * c.i;
+    float *a, *b, *h0, *h, *ref;
+    unsigned* bad;
+    CK(cudaMalloc(&a, n * 4)); CK(cudaMalloc(&b, n * 4)); CK(cudaMalloc(&h, n * 4)); CK(cudaMalloc(&ref, n * 4));
+    CK(cudaMalloc(&h0, c.o * c.i * 4)); CK(cudaMalloc(&bad, 4));
+    fill_kernel<<<1024, 256, 0, st>>>(a, b, n, 9);
+    CK(cudaMemsetAsync(h0, 0, c.o * c.i * 4, st));
+    jss::ScanProblem p;
+    p.a = a; p.b = b; p.h0 = h0; p.h = ref; p.outer = c.o; p.L = c.L; p.inner = c.i; p.algorithm = c.algo;
+    void* s = nullptr;
+    const size_t sb = jss::scratch_bytes(jss::DType::F32, p);
+    if (sb) CK(cudaMalloc(&s, sb));
+    CK(jss::launch_linear_scan(jss::DType::F32, p, s, st));  // the direct launch
+    p.h = h;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    const cudaError_t lerr = jss::launch_linear_scan(jss::DType::F32, p, s, st);
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(lerr);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaMemsetAsync(bad, 0, 4, st));
+    for (int r = 0; r < runs; ++r) {
+      CK(cudaMemsetAsync(h, 0xff, n * 4, st));
+      CK(cudaGraphLaunch(exec, st));
+      diff_kernel<<<1024, 256, 0, st>>>((const unsigned*)h, (const unsigned*)ref, n, bad);
+    }
+    CK(cudaStreamSynchronize(st));
+    unsigned nb;
+    CK(cudaMemcpy(&nb, bad, 4, cudaMemcpyDeviceToHost));
+    std::printf("graph %-24s %-16s replays=%d  differing elements (all replays): %u %s\n", c.what,
+                kNames[c.algo], runs, nb, nb ? "FAIL" : "ok");
+    fails += nb != 0;
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    cudaFree(a); cudaFree(b); cudaFree(h); cudaFree(ref); cudaFree(h0); cudaFree(bad); cudaFree(s);
+  }
+  CK(cudaStreamDestroy(st));
+  return fails ? 1 : 0;
+}
+
 // > 2^31 elements: check windows against a float64 recurrence started 400 steps earlier
 // from 0 (a < 0.9, so the neglected history weighs < 0.9^400).
 static int mode_big() {
@@ -309,6 +372,7 @@ int main(int argc, char** argv) {
   if (mode == "tiny") return mode_check(true, true);
   if (mode == "determinism") return mode_determinism(argc > 2 ? std::atoi(argv[2]) : 500, argc > 3 ? argv[3] : "");
   if (mode == "big") return mode_big();
+  if (mode == "graph") return mode_graph(argc > 2 ? std::atoi(argv[2]) : 100);
   std::printf("unknown mode %s\n", mode.c_str());
   return 2;
 }
