@@ -473,6 +473,16 @@ __device__ __forceinline__ Pair<S> thread_warp_scan(Pair<S> (&x)[ITEMS], int lan
   return w;
 }
 
+// The fold of the totals of the warps before `warp`, in warp order (identity for warp 0).
+template <class S, int NW>
+__device__ __forceinline__ Pair<S> earlier_warps(const Pair<S> (&s_warp)[NW], int warp) {
+  Pair<S> wp = identity<S>();
+#pragma unroll
+  for (int q = 0; q < NW; ++q)
+    if (q < warp) wp = combine(wp, s_warp[q]);
+  return wp;
+}
+
 // The tile id: dynamic (in the order blocks start, so that every predecessor of a tile
 // has started and will finish: no deadlock) for the look-back, blockIdx.x otherwise.
 template <int CARRY>
@@ -530,10 +540,7 @@ __global__ void __launch_bounds__(THREADS, MINB) tile_scan_kernel(Dev d) {
   if (lane == 31) s_warp[warp] = w;
   __syncthreads();
   // 3. block: the warp's prefix is the fold of the earlier warps' totals
-  P wp = identity<S>();
-#pragma unroll
-  for (int q = 0; q < NW; ++q)
-    if (q < warp) wp = combine(wp, s_warp[q]);
+  const P wp = earlier_warps<S, NW>(s_warp, warp);
 
   // 4. tile carry
   if (CARRY == CARRY_REDUCE) {
@@ -668,10 +675,7 @@ __global__ void __launch_bounds__(THREADS, MINB) row_rounds_kernel(Dev d) {
     const P w = thread_warp_scan<S, ITEMS>(x, lane, ex);
     if (lane == 31) s_warp[warp] = w;
     __syncthreads();
-    P wp = identity<S>();
-#pragma unroll
-    for (int q = 0; q < NW; ++q)
-      if (q < warp) wp = combine(wp, s_warp[q]);
+    const P wp = earlier_warps<S, NW>(s_warp, warp);
     const P h0p = h0_pair<T>(d, row);
     if (tid == 0) {
       P t = s_warp[0];
