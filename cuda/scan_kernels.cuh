@@ -635,8 +635,9 @@ __device__ __forceinline__ Seg<S> shfl_idx(const Seg<S>& s, int l) {
   return {shfl_idx(s.p, l), __shfl_sync(0xffffffffu, (int)s.reset, l) != 0};
 }
 
-// Slots per lane of the round fold, held in registers: 5 per resident block per SM covers
-// up to 160 SMs; the host caps G at 32 * rounds_max_m(MINB).
+// Slots per lane of the round fold (the round's slots are staged in shared memory, 32 lanes
+// x this many): 5 per resident block per SM covers up to 160 SMs; the host caps G at
+// 32 * rounds_max_m(MINB).
 __host__ __device__ constexpr int rounds_max_m(int minb) { return 5 * minb; }
 
 template <class T, int THREADS, int ITEMS, int MINB>
@@ -1735,8 +1736,7 @@ cudaError_t rounds_launch(const ScanProblem& p, void* scratch, cudaStream_t stre
   d.nchains = p.outer;
   d.nchunks = g.tpr;
   d.vec = (align_bits(p) & 15) == 0 && p.L % (16 / sizeof(T)) == 0;
-  char* base = static_cast<char*>(scratch);
-  d.counter = reinterpret_cast<unsigned*>(base);
+  char* base = static_cast<char*>(scratch);  // (the first 256 bytes: unused here)
   d.status = base + 256;
   d.nstatus = (size_t)g.ntiles;
   d.carry = base + 256 + Status<S>::bytes(d.nstatus);  // the round counters

@@ -74,10 +74,8 @@ struct Bufs {
 template <class T>
 Dev make_dev(const ScanProblem& p, const Plan& pl, void* scratch) {
   using C = Config<T>;
-  Dev d{};
-  d.a = p.a; d.b = p.b; d.h0 = p.h0; d.h = p.h; d.aprod = p.aprod;
-  d.L = p.L; d.inner = p.inner; d.nchains = pl.nchains; d.nchunks = pl.nchunks; d.nct = pl.nct;
-  d.reverse = p.reverse;
+  Dev d = dev_params(p);
+  d.nchains = pl.nchains; d.nchunks = pl.nchunks; d.nct = pl.nct;
   char* base = static_cast<char*>(scratch);
   d.counter = reinterpret_cast<unsigned*>(base);
   d.status = base + 256;
