@@ -115,6 +115,7 @@ def test_forward_saved_checkpoints_opt_in(direction, monkeypatch):
     # without differentiation nothing changes
     plain = cuda_calls(lambda x: scan(x, direction=direction), x)
     assert FWD in plain and _ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA not in plain
-    # and by default (no opt-in) the grad keeps the backward's own sweep
+    # and by default (no opt-in) the grad keeps the backward's own sweep (a new function:
+    # jit would reuse the trace of `fn`, and the choice is made at trace time)
     monkeypatch.delenv("JAX_SELSCAN_SS_FWD_CKPT")
-    assert _ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA not in cuda_calls(fn, x)
+    assert _ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA not in cuda_calls(jax.grad(lambda x: loss(x)), x)
