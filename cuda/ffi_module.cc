@@ -177,6 +177,7 @@ NB_MODULE(_cuda, m) {
     d["jax_selscan_linear_scan_prod"] = nb::capsule(reinterpret_cast<void*>(JssLinearScanProdCuda));
     d["jax_selscan_selective_scan_fwd"] = nb::capsule(reinterpret_cast<void*>(JssSelectiveScanFwdCuda));
     d["jax_selscan_selective_scan_bwd"] = nb::capsule(reinterpret_cast<void*>(JssSelectiveScanBwdCuda));
+    d["jax_selscan_selective_scan_fwd_ckpt"] = nb::capsule(reinterpret_cast<void*>(JssSelectiveScanFwdCkptCuda));
     return d;
   });
   // Test hooks: the resolved algorithm and the scratch size for a shape (no GPU needed).

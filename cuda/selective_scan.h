@@ -40,6 +40,8 @@ struct SsForwardOut {
   void* out = nullptr;        // (batch, D, L) in t
   float* last_fwd = nullptr;  // (batch, D, N), optional
   float* last_rev = nullptr;  // (batch, D, N), optional
+  float* ckpt = nullptr;      // (batch, D, ss_ckpt_row(p)) float32, optional: the states the
+                              // backward needs (saves its checkpoint sweep)
 };
 
 // Cotangents in, gradients out. dout is (batch, D, L) in t; dlast_* (batch, D, N) float32
@@ -47,6 +49,7 @@ struct SsForwardOut {
 // their operand's shape (float32), dD, ddelta_bias (D,), dh0 (batch, D, N) float32 (each
 // optional: null when the operand is absent).
 struct SsBackwardIO {
+  const float* ckpt = nullptr;  // the forward's checkpoints (SsForwardOut::ckpt) or null
   const void* dout = nullptr;
   const float* dlast_fwd = nullptr;
   const float* dlast_rev = nullptr;
@@ -67,7 +70,7 @@ bool ss_supported(const SsProblem& p);
 
 // Scratch bytes (256-byte aligned pieces) the forward / backward launch needs.
 size_t ss_forward_scratch_bytes(const SsProblem& p);
-size_t ss_backward_scratch_bytes(const SsProblem& p);
+size_t ss_backward_scratch_bytes(const SsProblem& p, bool saved_ckpt = false);
 
 // Launch on `stream`; scratch must hold the bytes above. Returns the first CUDA error.
 cudaError_t ss_forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cudaStream_t stream);
@@ -104,7 +107,13 @@ struct SsPlan {
   size_t ybuf = 0, ckpt = 0, pdB = 0, pdC = 0, pdA = 0, pdD = 0, pdbias = 0, pdh0 = 0,
          du_acc = 0, dd_acc = 0, total = 0;
 };
-SsPlan ss_plan(const SsProblem& p, bool backward);  // dh0 scratch iff p.h0 is set
+// dh0 scratch iff p.h0 is set; no checkpoint scratch when the forward saved them
+SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt = false);
+
+// Floats per (batch, channel) row of the forward-saved checkpoints: the state entering every
+// 8-step chunk, [direction][chunk][state] (direction slot 1: the reverse pass of
+// "bidirectional"), so that a vmapped batch folds like any (batch, D, .) operand.
+int64_t ss_ckpt_row(const SsProblem& p);
 
 // The staged kernels (selective_scan_staged*.cuh) take varying B and C whose groups hold
 // whole 32-row blocks (Mamba's case); the staged backward also needs D % 32 == 0, N <= 16.

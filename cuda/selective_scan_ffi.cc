@@ -2,8 +2,11 @@
 //
 //   jax_selscan_selective_scan_fwd (u, delta, A, B, C, D, z, delta_bias, h0)
 //       -> (out, last_fwd, last_rev)
+//   jax_selscan_selective_scan_fwd_ckpt (the same) -> (out, last_fwd, last_rev, ckpt):
+//       also the states the backward needs, (batch, D, ss_ckpt_row) float32
 //   jax_selscan_selective_scan_bwd (u, delta, A, B, C, D, z, delta_bias, h0, dout,
-//                                   dlast_fwd, dlast_rev)
+//                                   dlast_fwd, dlast_rev, ckpt)
+//       (ckpt: the forward's, or a (0,) placeholder: the backward sweeps for them itself)
 //       -> (du, ddelta, dz, dA, dB, dC, dD, ddelta_bias, dh0)
 // attributes: delta_softplus (bool), direction (int64: 0 forward, 1 reverse,
 // 2 bidirectional), has_D, has_z, has_delta_bias, has_h0 (bool).
@@ -111,30 +114,54 @@ ffi::Error check(cudaError_t err, const char* what) {
   return ffi::Error::Internal(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, ffi::AnyBuffer A,
+ffi::Error FwdCore(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, ffi::AnyBuffer A,
                    ffi::AnyBuffer B, ffi::AnyBuffer C, ffi::AnyBuffer D, ffi::AnyBuffer z,
-                   ffi::AnyBuffer bias, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
-                   ffi::Result<ffi::AnyBuffer> last_f, ffi::Result<ffi::AnyBuffer> last_r,
-                   bool softplus, int64_t direction, bool has_D, bool has_z, bool has_bias, bool has_h0) {
+                   ffi::AnyBuffer bias, ffi::AnyBuffer h0, ffi::AnyBuffer& out, ffi::AnyBuffer& last_f,
+                   ffi::AnyBuffer& last_r, ffi::AnyBuffer* ckpt, bool softplus, int64_t direction,
+                   bool has_D, bool has_z, bool has_bias, bool has_h0) {
   jss::SsProblem p;
   std::string e = describe(u, delta, A, B, C, D, z, bias, h0, softplus, direction, has_D, has_z,
                            has_bias, has_h0, &p);
   if (!e.empty()) return ffi::Error::InvalidArgument("selective_scan (CUDA): " + e);
-  if (out->element_type() != u.element_type() || !dims_are(*out, {p.batch, p.dim, p.L}))
+  if (out.element_type() != u.element_type() || !dims_are(out, {p.batch, p.dim, p.L}))
     return ffi::Error::InvalidArgument("selective_scan (CUDA): out must match u");
   jss::SsForwardOut o;
-  o.out = out->untyped_data();
-  o.last_fwd = f32_result(*last_f);
-  o.last_rev = f32_result(*last_r);
+  o.out = out.untyped_data();
+  o.last_fwd = f32_result(last_f);
+  o.last_rev = f32_result(last_r);
+  if (ckpt) {
+    if (ckpt->element_type() != ffi::DataType::F32 || !dims_are(*ckpt, {p.batch, p.dim, jss::ss_ckpt_row(p)}))
+      return ffi::Error::InvalidArgument("selective_scan (CUDA): ckpt must be float32 (batch, D, ss_ckpt_row)");
+    o.ckpt = static_cast<float*>(ckpt->untyped_data());
+  }
   cudaError_t err = jss::with_scratch(stream, jss::ss_forward_scratch_bytes(p),
                                       [&](void* buf) { return jss::ss_forward(p, o, buf, stream); });
   return check(err, "selective_scan forward (CUDA)");
 }
 
+ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, ffi::AnyBuffer A,
+                   ffi::AnyBuffer B, ffi::AnyBuffer C, ffi::AnyBuffer D, ffi::AnyBuffer z,
+                   ffi::AnyBuffer bias, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
+                   ffi::Result<ffi::AnyBuffer> last_f, ffi::Result<ffi::AnyBuffer> last_r,
+                   bool softplus, int64_t direction, bool has_D, bool has_z, bool has_bias, bool has_h0) {
+  return FwdCore(stream, u, delta, A, B, C, D, z, bias, h0, *out, *last_f, *last_r, nullptr, softplus,
+                 direction, has_D, has_z, has_bias, has_h0);
+}
+
+ffi::Error FwdCkptImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, ffi::AnyBuffer A,
+                       ffi::AnyBuffer B, ffi::AnyBuffer C, ffi::AnyBuffer D, ffi::AnyBuffer z,
+                       ffi::AnyBuffer bias, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
+                       ffi::Result<ffi::AnyBuffer> last_f, ffi::Result<ffi::AnyBuffer> last_r,
+                       ffi::Result<ffi::AnyBuffer> ckpt, bool softplus, int64_t direction, bool has_D,
+                       bool has_z, bool has_bias, bool has_h0) {
+  return FwdCore(stream, u, delta, A, B, C, D, z, bias, h0, *out, *last_f, *last_r, &(*ckpt), softplus,
+                 direction, has_D, has_z, has_bias, has_h0);
+}
+
 ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, ffi::AnyBuffer A,
                    ffi::AnyBuffer B, ffi::AnyBuffer C, ffi::AnyBuffer D, ffi::AnyBuffer z,
                    ffi::AnyBuffer bias, ffi::AnyBuffer h0, ffi::AnyBuffer dout,
-                   ffi::AnyBuffer dlast_f, ffi::AnyBuffer dlast_r,
+                   ffi::AnyBuffer dlast_f, ffi::AnyBuffer dlast_r, ffi::AnyBuffer ckpt,
                    ffi::Result<ffi::AnyBuffer> du, ffi::Result<ffi::AnyBuffer> ddelta,
                    ffi::Result<ffi::AnyBuffer> dz, ffi::Result<ffi::AnyBuffer> dA,
                    ffi::Result<ffi::AnyBuffer> dB, ffi::Result<ffi::AnyBuffer> dC,
@@ -154,6 +181,11 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
   };
   io.dlast_fwd = last(dlast_f);
   io.dlast_rev = last(dlast_r);
+  if (ckpt.element_count()) {
+    if (ckpt.element_type() != ffi::DataType::F32 || !dims_are(ckpt, {p.batch, p.dim, jss::ss_ckpt_row(p)}))
+      return ffi::Error::InvalidArgument("selective_scan backward (CUDA): ckpt must be float32 (batch, D, ss_ckpt_row) or (0,)");
+    io.ckpt = static_cast<const float*>(ckpt.untyped_data());
+  }
   if ((io.dlast_fwd && !dims_are(dlast_f, {p.batch, p.dim, p.N})) ||
       (io.dlast_rev && !dims_are(dlast_r, {p.batch, p.dim, p.N})))
     return ffi::Error::InvalidArgument("selective_scan backward (CUDA): last-state cotangents must be (batch, D, N)");
@@ -170,7 +202,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
       dA->element_count() != A.element_count() || dB->element_count() != B.element_count() ||
       dC->element_count() != C.element_count())
     return ffi::Error::InvalidArgument("selective_scan backward (CUDA): gradient buffers do not match the operands");
-  cudaError_t err = jss::with_scratch(stream, jss::ss_backward_scratch_bytes(p),
+  cudaError_t err = jss::with_scratch(stream, jss::ss_backward_scratch_bytes(p, io.ckpt != nullptr),
                                       [&](void* buf) { return jss::ss_backward(p, io, buf, stream); });
   return check(err, "selective_scan backward (CUDA)");
 }
@@ -202,6 +234,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanFwdCuda, FwdImpl,
                                   .Ret<ffi::AnyBuffer>()  // last_rev
                                   JSS_SS_ATTRS);
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanFwdCkptCuda, FwdCkptImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // u
+                                  .Arg<ffi::AnyBuffer>()  // delta
+                                  .Arg<ffi::AnyBuffer>()  // A
+                                  .Arg<ffi::AnyBuffer>()  // B
+                                  .Arg<ffi::AnyBuffer>()  // C
+                                  .Arg<ffi::AnyBuffer>()  // D
+                                  .Arg<ffi::AnyBuffer>()  // z
+                                  .Arg<ffi::AnyBuffer>()  // delta_bias
+                                  .Arg<ffi::AnyBuffer>()  // h0
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // last_fwd
+                                  .Ret<ffi::AnyBuffer>()  // last_rev
+                                  .Ret<ffi::AnyBuffer>()  // ckpt
+                                  JSS_SS_ATTRS);
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanBwdCuda, BwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -217,6 +267,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanBwdCuda, BwdImpl,
                                   .Arg<ffi::AnyBuffer>()  // dout
                                   .Arg<ffi::AnyBuffer>()  // dlast_fwd
                                   .Arg<ffi::AnyBuffer>()  // dlast_rev
+                                  .Arg<ffi::AnyBuffer>()  // ckpt (or a (0,) placeholder)
                                   .Ret<ffi::AnyBuffer>()  // du
                                   .Ret<ffi::AnyBuffer>()  // ddelta
                                   .Ret<ffi::AnyBuffer>()  // dz

@@ -5,3 +5,4 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSelectiveScanFwdCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSelectiveScanBwdCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSelectiveScanFwdCkptCuda);

@@ -56,7 +56,11 @@ bool ss_staged_bwd_ok(const SsProblem& p) {
   return ss_staged_ok(p) && p.dim % 32 == 0 && p.N <= 16;
 }
 
-SsPlan ss_plan(const SsProblem& p, bool backward) {
+int64_t ss_ckpt_row(const SsProblem& p) {
+  return (p.direction == 2 ? 2 : 1) * ((p.L + kCkHost - 1) / kCkHost) * p.N;
+}
+
+SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
   SsPlan s;
   const int64_t R = p.batch * p.dim;
   geometry(p.N, R, &s.NS, &s.P);
@@ -85,7 +89,7 @@ SsPlan ss_plan(const SsProblem& p, bool backward) {
   s.CB = s.staged_bwd ? 32 : CB;
   const size_t varsz = static_cast<size_t>(p.batch * (p.dim / CB) * ndir * p.N * p.L);
   const size_t invsz = static_cast<size_t>(p.batch * ndir * p.dim * p.N);
-  s.ckpt = take(static_cast<size_t>(R * s.K * p.N));
+  if (!saved_ckpt) s.ckpt = take(static_cast<size_t>(R * s.K * p.N));
   s.pdB = take(p.groups_b ? varsz : invsz);
   s.pdC = take(p.groups_c ? varsz : invsz);
   s.pdA = take(invsz);
@@ -102,7 +106,9 @@ SsPlan ss_plan(const SsProblem& p, bool backward) {
 }
 
 size_t ss_forward_scratch_bytes(const SsProblem& p) { return ss_plan(p, false).total; }
-size_t ss_backward_scratch_bytes(const SsProblem& p) { return ss_plan(p, true).total; }
+size_t ss_backward_scratch_bytes(const SsProblem& p, bool saved_ckpt) {
+  return ss_plan(p, true, saved_ckpt).total;
+}
 
 cudaError_t ss_forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cudaStream_t stream) {
   switch (p.t) {

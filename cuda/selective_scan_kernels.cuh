@@ -195,9 +195,11 @@ struct FwdArgs {
   SsProblem p;
   void* out;
   float* last;        // (R, N) or null
-  float* ckpt;        // (R, K, N) for kCheckpoint
+  float* ckpt;        // [row][chunk][state], row stride ck_row: written by kCheckpoint and,
+                      // when not null, by the output modes (the forward saving them)
   float* ybuf;        // (R, L) for kRawY / kAddY
   int64_t K;          // checkpoints per row: ceil(L / kCk)
+  int64_t ck_row;     // floats per row of ckpt (K * N; twice that for a bidirectional residual)
   int P;              // lanes per row
   int mode;
   bool rev;
@@ -319,10 +321,10 @@ __global__ void __launch_bounds__(kBlock) fwd_kernel(FwdArgs a) {
       fwd_load<T, NS>(nxt, p, base, rb, rc, nval, s0 + 4, rest < 4 ? static_cast<int>(rest) : 4, rev,
                       vec, outputs);
     }
-    if (a.mode == kCheckpoint && (s0 % kCk) == 0 && live) {
+    if (a.ckpt && (s0 % kCk) == 0 && live) {
 #pragma unroll
       for (int i = 0; i < NS; ++i)
-        if (nval[i]) a.ckpt[(row * a.K + s0 / kCk) * N + j * NS + i] = h[i];
+        if (nval[i]) a.ckpt[row * a.ck_row + (s0 / kCk) * N + j * NS + i] = h[i];
     }
     StepScalars sc;
     step_scalars<false>(cur.d, cur.z, false, bias, p.softplus, P, j, gbase, kFull, sc);
@@ -372,8 +374,8 @@ struct BwdArgs {
   SsProblem p;
   const void* dout;
   const float* dlast;     // (R, N) cotangent of this direction's last state, or null
-  const float* ckpt;      // (R, K, N)
-  int64_t K;
+  const float* ckpt;      // [row][chunk][state], row stride ck_row
+  int64_t K, ck_row;
   int P, CB;              // lanes per row, rows (channels) per block
   bool rev;
   int dir, ndir;          // this direction's slot in the partial buffers
@@ -443,7 +445,7 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
     float hst[NS], hs[NS];
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
-      hst[i] = nval[i] ? a.ckpt[(row * a.K + kc) * N + j * NS + i] : 0.f;
+      hst[i] = nval[i] ? a.ckpt[row * a.ck_row + kc * N + j * NS + i] : 0.f;
       hs[i] = hst[i];
     }
     // Recompute the chunk: states H, exponentials E, per-step scalars, y.

@@ -81,10 +81,14 @@ cudaError_t forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cu
   a.out = o.out;
   a.K = plan.K;
   a.P = plan.P;
+  a.ck_row = ss_ckpt_row(p);
+  // the forward-saved checkpoints, [row][direction][chunk][state]
+  auto ckpt_of = [&](bool rev) { return o.ckpt ? o.ckpt + (p.direction == 2 && rev ? plan.K * p.N : 0) : nullptr; };
   if (p.direction != 2) {
     a.mode = kFinal;
     a.rev = p.direction == 1;
     a.last = a.rev ? o.last_rev : o.last_fwd;
+    a.ckpt = ckpt_of(a.rev);
     return fwd<T>(a, plan.NS, stream);
   }
   // Bidirectional: the reverse pass parks its y in float32, the forward pass adds it.
@@ -92,24 +96,28 @@ cudaError_t forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cu
   a.mode = kRawY;
   a.rev = true;
   a.last = o.last_rev;
+  a.ckpt = ckpt_of(true);
   cudaError_t err = fwd<T>(a, plan.NS, stream);
   if (err != cudaSuccess) return err;
   a.mode = kAddY;
   a.rev = false;
   a.last = o.last_fwd;
+  a.ckpt = ckpt_of(false);
   return fwd<T>(a, plan.NS, stream);
 }
 
 template <class T>
 cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, cudaStream_t stream) {
-  const SsPlan plan = ss_plan(p, true);
+  const bool saved = io.ckpt != nullptr;  // the forward saved the checkpoints: no sweep
+  const SsPlan plan = ss_plan(p, true, saved);
   const int ndir = p.direction == 2 ? 2 : 1;
-  float* ckpt = reinterpret_cast<float*>(at(scratch, plan.ckpt));
+  float* ckpt = saved ? nullptr : reinterpret_cast<float*>(at(scratch, plan.ckpt));
   BwdArgs b{};
   b.p = p;
   b.dout = io.dout;
   b.ckpt = ckpt;
   b.K = plan.K;
+  b.ck_row = saved ? ss_ckpt_row(p) : plan.K * p.N;
   b.P = plan.P;
   b.CB = plan.CB;
   b.ndir = ndir;
@@ -132,6 +140,7 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
   f.mode = kCheckpoint;
   f.ckpt = ckpt;
   f.K = plan.K;
+  f.ck_row = plan.K * p.N;
   f.P = plan.P;
   // One direction at a time: checkpoint sweep, then the adjoint sweep. For
   // "bidirectional" the reverse direction goes first (phase 1) and the forward one
@@ -139,9 +148,14 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
   const int dirs[2] = {p.direction == 2 ? 1 : p.direction, 0};
   for (int k = 0; k < ndir; ++k) {
     const bool rev = dirs[k] == 1;
-    f.rev = rev;
-    cudaError_t err = fwd<T>(f, plan.NS, stream);
-    if (err != cudaSuccess) return err;
+    cudaError_t err = cudaSuccess;
+    if (saved) {
+      b.ckpt = io.ckpt + (ndir == 2 && rev ? plan.K * p.N : 0);
+    } else {
+      f.rev = rev;
+      err = fwd<T>(f, plan.NS, stream);
+      if (err != cudaSuccess) return err;
+    }
     b.rev = rev;
     b.dir = k;
     b.phase = ndir == 1 ? 0 : k + 1;

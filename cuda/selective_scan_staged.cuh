@@ -280,6 +280,15 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     if (outputs) {
 #pragma unroll 1
       for (int j0 = 0; j0 < kST; j0 += kG) {
+        static_assert(kG == kCk, "a group starts at a checkpoint");
+        if (a.ckpt) {  // the forward saving the backward's checkpoints
+          const int64_t s = k * kST + j0;
+          if (s < L && rlive) {
+#pragma unroll
+            for (int sx = 0; sx < NS; ++sx)
+              if (q * NS + sx < N) a.ckpt[row * a.ck_row + (s / kCk) * N + q * NS + sx] = h[sx];
+          }
+        }
         float y[kG];
 #pragma unroll
         for (int g = 0; g < kG; ++g) y[g] = step(j0 + g);
@@ -293,7 +302,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
           if (s < L && rlive) {
 #pragma unroll
             for (int sx = 0; sx < NS; ++sx)
-              if (q * NS + sx < N) a.ckpt[(row * a.K + s / kCk) * N + q * NS + sx] = h[sx];
+              if (q * NS + sx < N) a.ckpt[row * a.ck_row + (s / kCk) * N + q * NS + sx] = h[sx];
           }
         }
         step(j);

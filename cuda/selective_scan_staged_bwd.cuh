@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     for (int o = tid; o < kSRows * (kST / kBC) * NP; o += NT) {
       const int rr = o / ((kST / kBC) * NP), c = (o / NP) % (kST / kBC), n = o % NP;
       const int64_t s0 = k * kST + c * kBC;
-      HK[o] = (s0 < L && n < N) ? a.ckpt[((b * Dm + d0 + rr) * a.K + s0 / kCk) * N + n] : 0.f;
+      HK[o] = (s0 < L && n < N) ? a.ckpt[(b * Dm + d0 + rr) * a.ck_row + (s0 / kCk) * N + n] : 0.f;
     }
     stage_tile(k);
     __syncthreads();

@@ -15,6 +15,7 @@ SELECTIVE_SCAN_BWD = "jax_selscan_selective_scan_bwd_cpu"  # CPU (backward)
 SELECTIVE_SCAN_CKPT = "jax_selscan_selective_scan_ckpt"    # CPU (forward + checkpoints)
 SELECTIVE_SCAN_FWD_CUDA = "jax_selscan_selective_scan_fwd"
 SELECTIVE_SCAN_BWD_CUDA = "jax_selscan_selective_scan_bwd"
+SELECTIVE_SCAN_FWD_CKPT_CUDA = "jax_selscan_selective_scan_fwd_ckpt"  # + the checkpoints
 
 
 def _register(module_name: str, platform: str) -> bool:

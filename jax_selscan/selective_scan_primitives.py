@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 
 import numpy as np
 import jax
@@ -113,6 +114,10 @@ def ckpt_row_for(u, delta, A, B, C, D, z, delta_bias, h0, *, direction):
     default backend is the CPU (decided at trace time: lowering such a trace for CUDA
     gives the CUDA forward an all-zero, "unwritten" residual), the dtypes are the
     kernel's and no axis is empty."""
+    if _ffi.HAS_CUDA and jax.default_backend() == "gpu" and os.environ.get("JAX_SELSCAN_SS_FWD_CKPT") == "1":
+        # The CUDA forward saving them (not yet the default: to be validated on a GPU).
+        ops, flags = operands(u, delta, A, B, C, D, z, delta_bias, h0)
+        return _cuda_ckpt_row(u, A, direction) if _ss_cuda_supports(ops, _has(flags)) else 0
     if not _ffi.HAS_CPU or jax.default_backend() != "cpu":
         return 0
     ops, flags = operands(u, delta, A, B, C, D, z, delta_bias, h0)
@@ -123,6 +128,12 @@ def ckpt_row_for(u, delta, A, B, C, D, z, delta_bias, h0, *, direction):
         return 0
     blocks = -(-u.shape[2] // lanes)
     return 1 + (2 if direction == "bidirectional" else 1) * blocks * A.shape[1]
+
+
+def _cuda_ckpt_row(u, A, direction):
+    """Floats per (batch, channel) of the CUDA kernels' checkpoints (cuda/selective_scan.h,
+    ss_ckpt_row): the state entering every 8-step chunk, per direction."""
+    return (2 if direction == "bidirectional" else 1) * (-(-u.shape[2] // 8)) * A.shape[1]
 
 
 def _ckpt_out(u, ckpt_row):
@@ -322,10 +333,16 @@ def _ss_cuda_forward(*ops, **params):
     sf, sr = _ss_last_shapes(u, A, params["direction"], params["return_last_state"])
     types = [jax.ShapeDtypeStruct(u.shape, act), jax.ShapeDtypeStruct(sf, jnp.float32),
              jax.ShapeDtypeStruct(sr, jnp.float32)]
+    ckpt_row = params.get("ckpt_row", 0)
+    if ckpt_row and ckpt_row == _cuda_ckpt_row(u, A, params["direction"]):
+        # checkpoints in the CUDA layout: the forward writes them, the CUDA backward reads them
+        types.append(jax.ShapeDtypeStruct((u.shape[0], u.shape[1], ckpt_row), jnp.float32))
+        out, lf, lr, ck = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA, types)(*cops, **_attrs(params))
+        return [out.astype(u.dtype), lf, lr, ck]
     out, lf, lr = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_FWD_CUDA, types)(*cops, **_attrs(params))
-    # The CUDA forward writes no checkpoints: a CPU-traced grad lowered for CUDA (ckpt_row
-    # > 0) gets zeros, i.e. every row "unwritten"; the CUDA backward ignores them anyway.
-    return [out.astype(u.dtype), lf, lr] + _ckpt_out(u, params.get("ckpt_row", 0))
+    # Any other ckpt_row (a CPU-traced grad lowered for CUDA) gets zeros, i.e. every row
+    # "unwritten"; the CUDA backward then runs its own checkpoint sweep.
+    return [out.astype(u.dtype), lf, lr] + _ckpt_out(u, ckpt_row)
 
 
 _ss_cuda_forward_rule = mlir.lower_fun(_ss_cuda_forward, multiple_results=True)
@@ -493,7 +510,7 @@ def _ss_bwd_cuda(*ops, **params):
     has = _has(params)
     act, cops = _cuda_operands(ops[:9], has)
     u, delta, A, B, C, D, z, bias, h0 = ops[:9]
-    ct_out, ct_f, ct_r = ops[9:12]  # ops[12], the CPU checkpoints: not used by CUDA
+    ct_out, ct_f, ct_r, ckpt = ops[9:13]
     f32 = lambda x: x.astype(jnp.float32)
     S = jax.ShapeDtypeStruct
     ph = S((0,), jnp.float32)
@@ -502,8 +519,11 @@ def _ss_bwd_cuda(*ops, **params):
              S(D.shape, jnp.float32) if has[0] else ph,
              S(bias.shape, jnp.float32) if has[2] else ph,
              S(h0.shape, jnp.float32) if has[3] else ph]
+    # the forward's checkpoints when they are in the CUDA layout, else a (0,) placeholder
+    cuda_ck = ckpt.ndim == 3 and ckpt.shape[2] == _cuda_ckpt_row(u, A, params["direction"])
+    ck = f32(ckpt) if cuda_ck else jnp.zeros((0,), jnp.float32)
     du, dd, dz, dA, dB, dC, dD, db, dh0 = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_BWD_CUDA, types)(
-        *cops, ct_out.astype(act), f32(ct_f), f32(ct_r), **_attrs(params))
+        *cops, ct_out.astype(act), f32(ct_f), f32(ct_r), ck, **_attrs(params))
     grads = [du, dd, dA, dB, dC, dD, dz, db, dh0]
     present = (True,) * 5 + has
     return [g.astype(x.dtype) if p else jnp.zeros((0,), jnp.float32)

@@ -442,3 +442,27 @@ def test_more_than_2_31_elements_staged():
     f64 = lambda v: v[..., tail].astype(jnp.float64)
     want = selective_scan_ref(f64(u), f64(delta), A.astype(jnp.float64), f64(B), f64(C))
     assert rel_err(out[..., tail][..., 8:], want[..., 8:]) < FWD_TOL[BF16]
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("shape, dtype", [((2, 64, 77, 16), F32),   # staged kernels (D % 32 == 0)
+                                          ((2, 8, 45, 16), F32),    # round-1 kernels
+                                          ((2, 64, 64, 16), BF16)])
+def test_forward_saved_checkpoints_same_gradients(direction, shape, dtype, monkeypatch):
+    # JAX_SELSCAN_SS_FWD_CKPT=1: the forward writes the backward's checkpoints (custom call
+    # jax_selscan_selective_scan_fwd_ckpt) and the backward skips its own sweep. Same
+    # states, same kernels after that: the gradients must be bitwise those of the sweep.
+    b, D, L, N = shape
+    rng = rng_for("fwdckpt", direction, shape, str(dtype))
+    x = make_inputs(rng, b, D, L, N, dtype=dtype)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), F32)
+    kw = dict(delta_softplus=True, direction=direction)
+    grads = lambda: jax.jit(lambda x: _grads(selective_scan, x, kw, cot))
+    monkeypatch.delenv("JAX_SELSCAN_SS_FWD_CKPT", raising=False)
+    want = grads()(x)
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CKPT", "1")
+    f = grads()
+    assert "jax_selscan_selective_scan_fwd_ckpt" in f.lower(x).as_text()
+    got = f(x)
+    for k in want:
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=k)

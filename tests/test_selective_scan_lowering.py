@@ -95,3 +95,27 @@ def test_geometry_hook():
     assert _cuda.selective_scan_geometry(16, 12288) == (2, 8)
     assert _cuda.selective_scan_geometry(1, 1 << 20) == (1, 1)
     assert _cuda.selective_scan_geometry(128, 1 << 20) == (4, 32)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_forward_saved_checkpoints_opt_in(direction, monkeypatch):
+    # JAX_SELSCAN_SS_FWD_CKPT=1 (not the default until validated on a GPU): a grad traced
+    # with the GPU as default backend lowers to the checkpoint-writing forward, whose
+    # (batch, D, ndir * ceil(L / 8) * N) float32 result is the backward's last operand.
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CKPT", "1")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    x = inputs()  # b 2, D 8, L 12, N 16
+    loss = lambda x: jnp.sum(jnp.sin(scan(x, direction=direction)))
+    fn = jax.grad(loss)
+    text = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    calls = set(re.findall(r"custom_call @(\w+)", text))
+    assert {_ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA, BWD} <= calls and FWD not in calls
+    row = (2 if direction == "bidirectional" else 1) * 2 * 16
+    assert f"tensor<2x8x{row}xf32>" in text
+    # without differentiation nothing changes
+    plain = cuda_calls(lambda x: scan(x, direction=direction), x)
+    assert FWD in plain and _ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA not in plain
+    # and by default (no opt-in) the grad keeps the backward's own sweep (a new function:
+    # jit would reuse the trace of `fn`, and the choice is made at trace time)
+    monkeypatch.delenv("JAX_SELSCAN_SS_FWD_CKPT")
+    assert _ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA not in cuda_calls(jax.grad(lambda x: loss(x)), x)

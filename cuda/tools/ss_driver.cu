@@ -52,6 +52,15 @@ static bool finite_f32(const void* d, size_t n) {
   return true;
 }
 
+// Bitwise equality of two device buffers (null == null).
+static bool same_bits(const void* x, const void* y, size_t bytes) {
+  if (!x || !y) return x == y;
+  std::vector<unsigned char> a(bytes), b(bytes);
+  CK(cudaMemcpy(a.data(), x, bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), y, bytes, cudaMemcpyDeviceToHost));
+  return a == b;
+}
+
 template <class T>
 static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N, int64_t gb, int64_t gc,
                int direction, bool opts) {
@@ -96,10 +105,39 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
   CK(jss::ss_backward(p, io, bscratch, 0));
   CK(cudaDeviceSynchronize());
   bool ok = finite_f32(io.dA, dim * N) && finite_f32(io.dB, nb) && finite_f32(io.dC, nc);
-  std::printf("%-5s b%ld D%ld L%ld N%ld gb%ld gc%ld dir%d opts%d: %s\n",
+  // Again with the forward saving the checkpoints and the backward reading them: the same
+  // output and bitwise the same gradients as with the backward's own sweep.
+  jss::SsForwardOut o2 = o;
+  o2.out = dev_zero(act * sizeof(T));
+  o2.ckpt = static_cast<float*>(dev_zero(batch * dim * jss::ss_ckpt_row(p) * 4));
+  void* scratch2 = dev_zero(jss::ss_forward_scratch_bytes(p));
+  CK(jss::ss_forward(p, o2, scratch2, 0));
+  jss::SsBackwardIO io2 = io;
+  io2.ckpt = o2.ckpt;
+  io2.du = dev_zero(act * sizeof(T));
+  io2.ddelta = dev_zero(act * sizeof(T));
+  io2.dz = opts ? dev_zero(act * sizeof(T)) : nullptr;
+  io2.dA = static_cast<float*>(dev_zero(dim * N * 4));
+  io2.dB = static_cast<float*>(dev_zero(nb * 4));
+  io2.dC = static_cast<float*>(dev_zero(nc * 4));
+  io2.dD = opts ? static_cast<float*>(dev_zero(dim * 4)) : nullptr;
+  io2.ddelta_bias = opts ? static_cast<float*>(dev_zero(dim * 4)) : nullptr;
+  io2.dh0 = opts ? static_cast<float*>(dev_zero(st * 4)) : nullptr;
+  void* bscratch2 = dev_zero(jss::ss_backward_scratch_bytes(p, true));
+  CK(jss::ss_backward(p, io2, bscratch2, 0));
+  CK(cudaDeviceSynchronize());
+  const bool same = same_bits(o.out, o2.out, act * sizeof(T)) && same_bits(io.du, io2.du, act * sizeof(T)) &&
+                    same_bits(io.ddelta, io2.ddelta, act * sizeof(T)) &&
+                    same_bits(io.dz, io2.dz, opts ? act * sizeof(T) : 0) &&
+                    same_bits(io.dA, io2.dA, dim * N * 4) && same_bits(io.dB, io2.dB, nb * 4) &&
+                    same_bits(io.dC, io2.dC, nc * 4) && same_bits(io.dD, io2.dD, opts ? dim * 4 : 0) &&
+                    same_bits(io.ddelta_bias, io2.ddelta_bias, opts ? dim * 4 : 0) &&
+                    same_bits(io.dh0, io2.dh0, opts ? st * 4 : 0);
+  std::printf("%-5s b%ld D%ld L%ld N%ld gb%ld gc%ld dir%d opts%d: %s%s\n",
               t == jss::SsDType::F32 ? "f32" : "bf16", (long)batch, (long)dim, (long)L, (long)N,
-              (long)gb, (long)gc, direction, (int)opts, ok ? "ok" : "NON-FINITE");
-  return ok ? 0 : 1;
+              (long)gb, (long)gc, direction, (int)opts, ok ? "ok" : "NON-FINITE",
+              same ? "" : " (saved checkpoints: DIFFERENT gradients)");
+  return ok && same ? 0 : 1;
 }
 
 int main() {
