@@ -114,8 +114,9 @@ def ckpt_row_for(u, delta, A, B, C, D, z, delta_bias, h0, *, direction):
     default backend is the CPU (decided at trace time: lowering such a trace for CUDA
     gives the CUDA forward an all-zero, "unwritten" residual), the dtypes are the
     kernel's and no axis is empty."""
-    if _ffi.HAS_CUDA and jax.default_backend() == "gpu" and os.environ.get("JAX_SELSCAN_SS_FWD_CKPT") == "1":
-        # The CUDA forward saving them (not yet the default: to be validated on a GPU).
+    if _ffi.HAS_CUDA and jax.default_backend() == "gpu" and os.environ.get("JAX_SELSCAN_SS_FWD_CKPT") != "0":
+        # The CUDA forward saving them (JAX_SELSCAN_SS_FWD_CKPT=0: the backward's own sweep
+        # instead, for comparisons; docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md 5.4).
         ops, flags = operands(u, delta, A, B, C, D, z, delta_bias, h0)
         return _cuda_ckpt_row(u, A, direction) if _ss_cuda_supports(ops, _has(flags)) else 0
     if not _ffi.HAS_CPU or jax.default_backend() != "cpu":

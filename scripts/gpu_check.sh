@@ -11,7 +11,7 @@
 # ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_bench
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
-#   (also: DRIVER=prebuilt scan_driver, SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
+#   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # Also: variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
 # events; VB_ENV="VB_ROWS=1" picks the shape set), main_bench (python -m jax_selscan.bench
@@ -85,12 +85,14 @@ if [[ -n "${MAMBA_BUILD:-}" && -f "${MAMBA_BUILD}" ]] && has ss_bench; then
   MAMBA_PID=$!
 fi
 if has ss_sanitize; then
-  nvcc -O2 -std=c++17 -arch=sm_$ARCH -lineinfo -Icuda cuda/tools/ss_driver.cu cuda/selective_scan_f32.cu \
+  # SS_DRIVER=path: an ss_driver built elsewhere from this tree (same nvcc line), carried
+  SSD=${SS_DRIVER:-$BIN/ss_driver}
+  [[ -n "${SS_DRIVER:-}" ]] || nvcc -O2 -std=c++17 -arch=sm_$ARCH -lineinfo -Icuda cuda/tools/ss_driver.cu cuda/selective_scan_f32.cu \
     cuda/selective_scan_bf16.cu cuda/selective_scan_f16.cu cuda/selective_scan_host.cc \
-    -o "$BIN/ss_driver" > "$LOGS/build_ss_driver.log" 2>&1 || status=1
-  TAIL=4 step ss_driver 120 "$BIN/ss_driver"
+    -o "$SSD" > "$LOGS/build_ss_driver.log" 2>&1 || status=1
+  TAIL=4 step ss_driver 120 "$SSD"
   for tool in memcheck racecheck synccheck; do
-    TAIL=4 step "ss_sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/ss_driver"
+    TAIL=4 step "ss_sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$SSD"
   done
 fi
 DRV=${DRIVER:-}

@@ -449,7 +449,7 @@ def test_more_than_2_31_elements_staged():
                                           ((2, 8, 45, 16), F32),    # round-1 kernels
                                           ((2, 64, 64, 16), BF16)])
 def test_forward_saved_checkpoints_same_gradients(direction, shape, dtype, monkeypatch):
-    # JAX_SELSCAN_SS_FWD_CKPT=1: the forward writes the backward's checkpoints (custom call
+    # By default the forward writes the backward's checkpoints (custom call
     # jax_selscan_selective_scan_fwd_ckpt) and the backward skips its own sweep. Same
     # states, same kernels after that: the gradients must be bitwise those of the sweep.
     b, D, L, N = shape
@@ -458,9 +458,9 @@ def test_forward_saved_checkpoints_same_gradients(direction, shape, dtype, monke
     cot = jnp.asarray(rng.standard_normal(x["u"].shape), F32)
     kw = dict(delta_softplus=True, direction=direction)
     grads = lambda: jax.jit(lambda x: _grads(selective_scan, x, kw, cot))
-    monkeypatch.delenv("JAX_SELSCAN_SS_FWD_CKPT", raising=False)
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CKPT", "0")
     want = grads()(x)
-    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CKPT", "1")
+    monkeypatch.delenv("JAX_SELSCAN_SS_FWD_CKPT")  # the default: the forward saves them
     f = grads()
     assert "jax_selscan_selective_scan_fwd_ckpt" in f.lower(x).as_text()
     got = f(x)

@@ -98,11 +98,11 @@ def test_geometry_hook():
 
 
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
-def test_forward_saved_checkpoints_opt_in(direction, monkeypatch):
-    # JAX_SELSCAN_SS_FWD_CKPT=1 (not the default until validated on a GPU): a grad traced
-    # with the GPU as default backend lowers to the checkpoint-writing forward, whose
-    # (batch, D, ndir * ceil(L / 8) * N) float32 result is the backward's last operand.
-    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CKPT", "1")
+def test_forward_saved_checkpoints_default(direction, monkeypatch):
+    # By default a grad traced with the GPU as default backend lowers to the
+    # checkpoint-writing forward, whose (batch, D, ndir * ceil(L / 8) * N) float32 result is
+    # the backward's last operand.
+    monkeypatch.delenv("JAX_SELSCAN_SS_FWD_CKPT", raising=False)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     x = inputs()  # b 2, D 8, L 12, N 16
     loss = lambda x: jnp.sum(jnp.sin(scan(x, direction=direction)))
@@ -115,7 +115,7 @@ def test_forward_saved_checkpoints_opt_in(direction, monkeypatch):
     # without differentiation nothing changes
     plain = cuda_calls(lambda x: scan(x, direction=direction), x)
     assert FWD in plain and _ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA not in plain
-    # and by default (no opt-in) the grad keeps the backward's own sweep (a new function:
-    # jit would reuse the trace of `fn`, and the choice is made at trace time)
-    monkeypatch.delenv("JAX_SELSCAN_SS_FWD_CKPT")
+    # and JAX_SELSCAN_SS_FWD_CKPT=0 keeps the backward's own sweep (a new function: jit
+    # would reuse the trace of `fn`, and the choice is made at trace time)
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CKPT", "0")
     assert _ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA not in cuda_calls(jax.grad(lambda x: loss(x)), x)
