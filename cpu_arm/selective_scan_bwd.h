@@ -29,6 +29,8 @@
 // task order, so results do not depend on the thread count or schedule. Varying
 // dB / dC partials are per slab (a fixed run of the group's tiles, the tasks of a
 // slab run in order on one thread, accumulating): memory slabs * L * N, not tasks * L * N.
+// L split (SsBwdTask::split, fewer tasks than threads): run_piece, driven by the driver
+// in three phases per direction (see selective_scan_bwd_cpu.cc).
 // Work per (t, n): two exp2 of the forward's kind (sweep, recompute; one when the
 // forward saved the checkpoints), ~60 vector
 // ops in all; memory: delta, u and B are read twice (sweep, walk), C, dout and z
@@ -56,6 +58,7 @@ struct BCtx {
   int nch;
   int64_t row0, bbase, cbase;
   float *A2, *Av, *Bi, *Ci, *g, *hs, *accA, *accB, *accC, *gh0;  // [N][W]
+  float* Ps;                          // [N][W] (L split) dA's running product, sweep or adjoint
   float *Bb, *Cb;                     // [N][W]: B / C rows of the block's W steps
   float *Dv, *biasv;                  // [W] (Dv = k * D)
   float *ckpt;                        // [nblocks][N][W]
@@ -67,6 +70,8 @@ struct BCtx {
   float *redB, *redC;                 // [NP][W] (rows >= N stay zero)
   float dk;                           // k: 2 for bidirectional, else 1
   float dmax;
+  bool rows_store;                    // L split, first direction: varying dB / dC rows are
+                                      // stored, not added (each written once; no zeroing pass)
   const float* ckrow;                 // the forward's checkpoints: channel d0's row, or null
 };
 
@@ -113,8 +118,9 @@ JSS_INLINE void prepare(const BCtx& c, int64_t t0, int nt) {
   }
 }
 
-// dst[n] += sum over the lanes of red[n] (n < N): W x W transposes, pairwise sums.
-JSS_INLINE void lane_sums(const BCtx& c, const float* red, float* dst) {
+// dst[n] += sum over the lanes of red[n] (n < N): W x W transposes, pairwise sums
+// (`store`: dst[n] = that sum).
+JSS_INLINE void lane_sums(const BCtx& c, const float* red, float* dst, bool store) {
   for (int64_t n0 = 0; n0 < c.NP; n0 += W) {
     VF r[W];
     JSS_UNROLL
@@ -126,11 +132,11 @@ JSS_INLINE void lane_sums(const BCtx& c, const float* red, float* dst) {
       for (int i = 0; i + s < W; i += 2 * s) r[i] = simd::add(r[i], r[i + s]);
     }
     if (n0 + W <= c.N) {
-      simd::store(dst + n0, simd::add(simd::load(dst + n0), r[0]));
+      simd::store(dst + n0, store ? r[0] : simd::add(simd::load(dst + n0), r[0]));
     } else {
       float s[W];
       simd::store(s, r[0]);
-      for (int64_t j = 0; j < c.N - n0; ++j) dst[n0 + j] += s[j];
+      for (int64_t j = 0; j < c.N - n0; ++j) dst[n0 + j] = store ? s[j] : dst[n0 + j] + s[j];
     }
   }
 }
@@ -139,16 +145,29 @@ JSS_INLINE bool fast_range(const BCtx& c, VF dlv) { return !simd::any_outside(dl
 
 JSS_INLINE VF exp_da(bool fast, VF x) { return fast ? simd::exp2_inrange(x) : simd::exp2_any(x); }
 
-// 1. The state entering every block (in scan order), from h0.
-template <int NS, bool BVAR>
-void sweep(const BCtx& c, bool rev) {
+inline void init_h0(const BCtx& c) {
   const SsParams& p = *c.p;
-  const int64_t N = NS > 0 ? NS : c.N;
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < c.N; ++n)
     for (int r = 0; r < W; ++r)
-      c.hs[n * W + r] = (p.h0 != nullptr && r < c.nch) ? ss::ld1(p.h0, p.h0_t, (c.b * p.dim + c.d0 + r) * N + n)
+      c.hs[n * W + r] = (p.h0 != nullptr && r < c.nch) ? ss::ld1(p.h0, p.h0_t, (c.b * p.dim + c.d0 + r) * c.N + n)
                                                        : 0.0f;
-  for (int64_t bi = 0; bi < c.nblocks; ++bi) {
+}
+
+// Every lane and state of x at most kSsCarryDrop (idle lanes hold 0).
+inline bool all_dropped(const BCtx& c, const float* x) {
+  bool small = true;
+  for (int64_t n = 0; n < c.N; ++n) small = small && !simd::any_outside(simd::load(x + n * W), 0.0f, ss::kSsCarryDrop);
+  return small;
+}
+
+// 1. The state entering every block of scan-order blocks [s0, s1), from c.hs (h0 for a
+// whole call). TRACK (L split, a piece's first pass from zero): also keep dA's running
+// product in c.Ps and return after the first block at whose end it is <= kSsCarryDrop
+// everywhere (the index after it; s1 when that never happens), as the forward's split.
+template <int NS, bool BVAR, bool TRACK = false>
+int64_t sweep(const BCtx& c, bool rev, int64_t s0, int64_t s1) {
+  const int64_t N = NS > 0 ? NS : c.N;
+  for (int64_t bi = s0; bi < s1; ++bi) {
     const int64_t blk = rev ? c.nblocks - 1 - bi : bi;
     const int64_t t0 = blk * W;
     const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
@@ -173,6 +192,7 @@ void sweep(const BCtx& c, bool rev) {
         auto step = [&](int64_t n, VF h) JSS_INLINE_LAMBDA {
           const VF x = simd::mul(dlv, simd::load(c.A2 + n * W));
           const VF a = decltype(fast_tag)::value ? simd::exp2_inrange(x) : simd::exp2_any(x);
+          if constexpr (TRACK) simd::store(c.Ps + n * W, simd::mul(a, simd::load(c.Ps + n * W)));
           const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
           return simd::fma(a, h, simd::mul(duv, bb));
         };
@@ -190,14 +210,20 @@ void sweep(const BCtx& c, bool rev) {
       JSS_UNROLL
       for (int n = 0; n < NS; ++n) simd::store(c.hs + n * W, hr[n]);
     }
+    if constexpr (TRACK) {
+      if (all_dropped(c, c.Ps)) return bi + 1;
+    }
   }
+  return s1;
 }
 
-// 1'. The same checkpoints from the forward (SsBwdParams::ckpt): set `set` of the rows.
-inline void load_ckpt(const BCtx& c, int64_t set) {
+// 1'. The same checkpoints from the forward (SsBwdParams::ckpt): set `set` of the rows,
+// scan-order blocks [s0, s1).
+inline void load_ckpt(const BCtx& c, int64_t set, bool rev, int64_t s0, int64_t s1) {
   const int64_t NB = c.nblocks * c.N;
-  for (int64_t blk = 0; blk < c.nblocks; ++blk)
+  for (int64_t s = s0; s < s1; ++s)
     for (int r = 0; r < W; ++r) {
+      const int64_t blk = rev ? c.nblocks - 1 - s : s;
       const float* src = r < c.nch ? c.ckrow + r * c.q->ckpt_row + 1 + set * NB + blk * c.N : nullptr;
       for (int64_t n = 0; n < c.N; ++n) c.ckpt[(blk * c.N + n) * W + r] = src != nullptr ? src[n] : 0.0f;
     }
@@ -253,22 +279,28 @@ inline void block_out(BCtx& c, int64_t t0, int nt, bool final, bool bidi) {
   if (q.dz != nullptr) ss::scatter_block(q.dz, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.by);
 }
 
+inline void init_g(const BCtx& c, const float* dlast) {
+  const SsParams& p = *c.p;
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int r = 0; r < W; ++r)
+      c.g[n * W + r] = (dlast != nullptr && r < c.nch) ? dlast[(c.b * p.dim + c.d0 + r) * c.N + n] : 0.0f;
+}
+
+// The adjoint walk over scan-order blocks s_hi - 1 down to s_lo, from the adjoint in c.g
+// (left there at the end), accumulating every gradient.
 template <int NS, bool BVAR, bool CVAR>
-void walk(BCtx& c, const SsBwdTask& t, bool rev, const float* dlast, bool final) {
+void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64_t s_lo) {
   const bool bidi = c.p->direction == SsDirection::kBidirectional;
   const SsParams& p = *c.p;
   const int64_t N = NS > 0 ? NS : c.N;
   const bool want_y = p.z != nullptr;
-  for (int64_t n = 0; n < N; ++n)
-    for (int r = 0; r < W; ++r)
-      c.g[n * W + r] = (dlast != nullptr && r < c.nch) ? dlast[(c.b * p.dim + c.d0 + r) * N + n] : 0.0f;
   VF gr[NS > 0 ? NS : 1];
   if constexpr (NS > 0) {
     JSS_UNROLL
     for (int n = 0; n < NS; ++n) gr[n] = simd::load(c.g + n * W);
   }
-  for (int64_t bi = 0; bi < c.nblocks; ++bi) {
-    const int64_t blk = rev ? bi : c.nblocks - 1 - bi;
+  for (int64_t s = s_hi - 1; s >= s_lo; --s) {
+    const int64_t blk = rev ? c.nblocks - 1 - s : s;
     const int64_t t0 = blk * W;
     const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
     prepare<BVAR, CVAR, true>(c, t0, nt);
@@ -348,8 +380,8 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, const float* dlast, bool final)
       const int64_t tt = t0 + tb;
       simd::store(c.bdu + tb * W, dus);
       simd::store(c.bdd + tb * W, dd);
-      if (BVAR) lane_sums(c, c.redB, t.pB + tt * N);
-      if (CVAR) lane_sums(c, c.redC, t.pC + tt * N);
+      if (BVAR) lane_sums(c, c.redB, t.pB + tt * N, c.rows_store);
+      if (CVAR) lane_sums(c, c.redC, t.pC + tt * N, c.rows_store);
     }
     block_out(c, t0, nt, final, bidi);
   }
@@ -357,21 +389,149 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, const float* dlast, bool final)
     JSS_UNROLL
     for (int n = 0; n < NS; ++n) simd::store(c.g + n * W, gr[n]);
   }
-  for (int64_t i = 0; i < N * W; ++i) c.gh0[i] += c.g[i];
+}
+
+// L split: the adjoint alone (g <- dA (g + C dy)) over scan-order blocks s_hi - 1 down to
+// s_lo, from c.g, with the product of dA in c.Ps; stops after the first block at whose
+// start (in scan order) that product is <= kSsCarryDrop everywhere. Returns that block
+// (s_lo when it never happens): the blocks the piece's entering adjoint still reaches.
+template <int NS, bool CVAR>
+int64_t light_walk(BCtx& c, bool rev, int64_t s_hi, int64_t s_lo) {
+  const int64_t N = NS > 0 ? NS : c.N;
+  VF gr[NS > 0 ? NS : 1];
+  if constexpr (NS > 0) {
+    JSS_UNROLL
+    for (int n = 0; n < NS; ++n) gr[n] = simd::load(c.g + n * W);
+  }
+  int64_t s = s_hi;
+  while (s > s_lo) {
+    --s;
+    const int64_t blk = rev ? c.nblocks - 1 - s : s;
+    const int64_t t0 = blk * W;
+    const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
+    prepare<false, CVAR, true>(c, t0, nt);
+    for (int k = nt - 1; k >= 0; --k) {
+      const int tb = rev ? nt - 1 - k : k;
+      const VF dlv = simd::load(c.dl + tb * W);
+      const VF dyv = simd::load(c.dy + tb * W);
+      const bool fast = fast_range(c, dlv);
+      auto step = [&](int64_t n, VF g) JSS_INLINE_LAMBDA {
+        const VF cc = CVAR ? simd::broadcast(c.Cb[n * W + tb]) : simd::load(c.Ci + n * W);
+        const VF a = exp_da(fast, simd::mul(dlv, simd::load(c.A2 + n * W)));
+        simd::store(c.Ps + n * W, simd::mul(a, simd::load(c.Ps + n * W)));
+        return simd::mul(a, simd::fma(cc, dyv, g));
+      };
+      if constexpr (NS > 0) {
+        JSS_UNROLL
+        for (int n = 0; n < NS; ++n) gr[n] = step(n, gr[n]);
+      } else {
+        for (int64_t n = 0; n < N; ++n) simd::store(c.g + n * W, step(n, simd::load(c.g + n * W)));
+      }
+    }
+    if (all_dropped(c, c.Ps)) break;
+  }
+  if constexpr (NS > 0) {
+    JSS_UNROLL
+    for (int n = 0; n < NS; ++n) simd::store(c.g + n * W, gr[n]);
+  }
+  return s;
 }
 
 template <int NS, bool BVAR, bool CVAR>
 void run_dirs(BCtx& c, const SsBwdTask& t) {
   const SsParams& p = *c.p;
+  const int64_t NW = c.N * W;
   if (p.direction != SsDirection::kForward) {
-    if (c.ckrow != nullptr) load_ckpt(c, 0);
-    else sweep<NS, BVAR>(c, true);
-    walk<NS, BVAR, CVAR>(c, t, true, c.q->dlast_rev, p.direction == SsDirection::kReverse);
+    if (c.ckrow != nullptr) {
+      load_ckpt(c, 0, false, 0, c.nblocks);
+    } else {
+      init_h0(c);
+      sweep<NS, BVAR>(c, true, 0, c.nblocks);
+    }
+    init_g(c, c.q->dlast_rev);
+    walk<NS, BVAR, CVAR>(c, t, true, p.direction == SsDirection::kReverse, c.nblocks, 0);
+    for (int64_t i = 0; i < NW; ++i) c.gh0[i] += c.g[i];
   }
   if (p.direction != SsDirection::kReverse) {
-    if (c.ckrow != nullptr) load_ckpt(c, p.direction == SsDirection::kBidirectional ? 1 : 0);
-    else sweep<NS, BVAR>(c, false);
-    walk<NS, BVAR, CVAR>(c, t, false, c.q->dlast_fwd, true);
+    if (c.ckrow != nullptr) {
+      load_ckpt(c, p.direction == SsDirection::kBidirectional ? 1 : 0, false, 0, c.nblocks);
+    } else {
+      init_h0(c);
+      sweep<NS, BVAR>(c, false, 0, c.nblocks);
+    }
+    init_g(c, c.q->dlast_fwd);
+    walk<NS, BVAR, CVAR>(c, t, false, true, c.nblocks, 0);
+    for (int64_t i = 0; i < NW; ++i) c.gh0[i] += c.g[i];
+  }
+}
+
+// One direction of one piece of an L-split task (SsBwdTask::split; the driver runs the
+// phases and the carries between them, see selective_scan_bwd_cpu.cc).
+template <int NS, bool BVAR, bool CVAR>
+void run_piece(BCtx& c, const SsBwdTask& t) {
+  const SsParams& p = *c.p;
+  const bool rev = t.reverse != 0;
+  const bool final = !rev || p.direction == SsDirection::kReverse;
+  const int64_t s0 = t.piece * c.nblocks / t.pieces, s1 = (t.piece + 1) * c.nblocks / t.pieces;
+  const int64_t NW = c.N * W;
+  const bool last_piece = t.piece + 1 == t.pieces;
+  c.rows_store = p.direction != SsDirection::kBidirectional || rev;
+  auto set_active = [&](float* x) {  // 1 on the task's lanes; idle lanes count as dropped
+    for (int64_t n = 0; n < c.N; ++n)
+      for (int r = 0; r < W; ++r) x[n * W + r] = r < c.nch ? 1.0f : 0.0f;
+  };
+  if (t.phase == 1) {  // the sweep from zero (piece 0: from h0), or the forward's checkpoints
+    std::memset(c.Ps, 0, sizeof(float) * NW);
+    if (c.ckrow != nullptr) {
+      load_ckpt(c, rev || p.direction != SsDirection::kBidirectional ? 0 : 1, rev, s0, s1);
+      std::memset(c.hs, 0, sizeof(float) * NW);
+      *t.hwin = s0;
+    } else if (t.piece == 0) {
+      init_h0(c);
+      sweep<NS, BVAR>(c, rev, s0, s1);
+      *t.hwin = s0;
+    } else {
+      std::memset(c.hs, 0, sizeof(float) * NW);
+      set_active(c.Ps);
+      const int64_t w = sweep<NS, BVAR, true>(c, rev, s0, s1);
+      if (w < s1) {
+        sweep<NS, BVAR>(c, rev, w, s1);
+        std::memset(c.Ps, 0, sizeof(float) * NW);  // the dropped term
+      }
+      *t.hwin = w;
+    }
+    std::memcpy(t.hend, c.hs, sizeof(float) * NW);
+    std::memcpy(t.ptot, c.Ps, sizeof(float) * NW);
+    return;
+  }
+  if (t.phase == 2) {
+    // The sweep's window from the true entering state, then the adjoint from zero (the
+    // last piece: from the last state's cotangent): first alone over the blocks the
+    // entering adjoint still reaches (left to phase 3), then in full over the rest.
+    if (t.piece > 0 && *t.hwin > s0) {
+      std::memcpy(c.hs, t.hin, sizeof(float) * NW);
+      sweep<NS, BVAR>(c, rev, s0, *t.hwin);
+    }
+    int64_t gw = s1;
+    std::memset(c.Ps, 0, sizeof(float) * NW);
+    if (last_piece) {
+      init_g(c, rev ? c.q->dlast_rev : c.q->dlast_fwd);
+    } else {
+      std::memset(c.g, 0, sizeof(float) * NW);
+      set_active(c.Ps);
+      gw = light_walk<NS, CVAR>(c, rev, s1, s0);
+      if (all_dropped(c, c.Ps)) std::memset(c.Ps, 0, sizeof(float) * NW);
+    }
+    walk<NS, BVAR, CVAR>(c, t, rev, final, gw, s0);
+    std::memcpy(t.gend, c.g, sizeof(float) * NW);
+    std::memcpy(t.qtot, c.Ps, sizeof(float) * NW);
+    *t.gwin = gw;
+    return;
+  }
+  // Phase 3: the window's blocks in full from the true entering adjoint.
+  if (*t.gwin < s1) {
+    std::memcpy(c.g, t.gin, sizeof(float) * NW);
+    walk<NS, BVAR, CVAR>(c, t, rev, final, s1, *t.gwin);
   }
 }
 
@@ -397,10 +557,13 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
   c.accA = take(NW); c.accB = take(NW); c.accC = take(NW); c.gh0 = take(NW);
   c.Bb = take(NW); c.Cb = take(NW);
   c.Dv = take(W); c.biasv = take(W);
-  c.ckpt = take(c.nblocks * NW);
+  // L split: the checkpoints and the bidirectional sums are the task's, shared by its pieces.
+  c.ckpt = t.split ? t.ckbuf : take(c.nblocks * NW);
   c.E = take(W * NW); c.H = take(W * NW);
   const bool bidi = p.direction == SsDirection::kBidirectional;
-  if (bidi) {
+  if (bidi && t.split) {
+    c.ysum = t.sums; c.dub = t.sums + c.L * W; c.ddt = t.sums + 2 * c.L * W;
+  } else if (bidi) {
     c.ysum = take(c.L * W); c.dub = take(c.L * W); c.ddt = take(c.L * W);
   } else {
     c.ysum = c.dub = c.ddt = nullptr;
@@ -410,7 +573,9 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
   c.accD = simd::broadcast(0.0f);
   c.accBias = simd::broadcast(0.0f);
   c.redB = take(c.NP * W); c.redC = take(c.NP * W);
+  c.Ps = take(NW);
   c.dk = p.direction == SsDirection::kBidirectional ? 2.0f : 1.0f;
+  c.rows_store = false;
   // The forward's checkpoints when it wrote them for every channel of the task.
   c.ckrow = nullptr;
   if (q.ckpt != nullptr && q.ckpt_row == ss_ckpt_row(W, c.N, c.L, p.direction)) {
@@ -444,16 +609,24 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
   if (p.b_var && !t.accumulate) std::memset(t.pB, 0, sizeof(float) * c.L * c.N);
   if (p.c_var && !t.accumulate) std::memset(t.pC, 0, sizeof(float) * c.L * c.N);
   const bool n16 = c.N == 16;
-  if (p.b_var && p.c_var) n16 ? run_dirs<16, true, true>(c, t) : run_dirs<0, true, true>(c, t);
-  else if (p.b_var) n16 ? run_dirs<16, true, false>(c, t) : run_dirs<0, true, false>(c, t);
-  else if (p.c_var) n16 ? run_dirs<16, false, true>(c, t) : run_dirs<0, false, true>(c, t);
-  else n16 ? run_dirs<16, false, false>(c, t) : run_dirs<0, false, false>(c, t);
+  if (t.split) {
+    if (p.b_var && p.c_var) n16 ? run_piece<16, true, true>(c, t) : run_piece<0, true, true>(c, t);
+    else if (p.b_var) n16 ? run_piece<16, true, false>(c, t) : run_piece<0, true, false>(c, t);
+    else if (p.c_var) n16 ? run_piece<16, false, true>(c, t) : run_piece<0, false, true>(c, t);
+    else n16 ? run_piece<16, false, false>(c, t) : run_piece<0, false, false>(c, t);
+    if (t.phase == 1) return;  // no gradients yet; dh0 comes from the driver's carries
+  } else {
+    if (p.b_var && p.c_var) n16 ? run_dirs<16, true, true>(c, t) : run_dirs<0, true, true>(c, t);
+    else if (p.b_var) n16 ? run_dirs<16, true, false>(c, t) : run_dirs<0, true, false>(c, t);
+    else if (p.c_var) n16 ? run_dirs<16, false, true>(c, t) : run_dirs<0, false, true>(c, t);
+    else n16 ? run_dirs<16, false, false>(c, t) : run_dirs<0, false, false>(c, t);
+  }
   simd::store(t.pD, simd::mul(c.accD, simd::broadcast(c.dk)));
   simd::store(t.pbias, c.accBias);
   std::memcpy(t.pA, c.accA, sizeof(float) * NW);
   if (!p.b_var) std::memcpy(t.pB, c.accB, sizeof(float) * NW);
   if (!p.c_var) std::memcpy(t.pC, c.accC, sizeof(float) * NW);
-  if (q.dh0 != nullptr)
+  if (q.dh0 != nullptr && !t.split)
     for (int r = 0; r < c.nch; ++r)
       for (int64_t n = 0; n < c.N; ++n) q.dh0[(t.b * p.dim + t.d0 + r) * c.N + n] = c.gh0[n * W + r];
 }

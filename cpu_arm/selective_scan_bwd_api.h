@@ -40,11 +40,40 @@ struct SsBwdParams {
 //       added to what is there when `accumulate` (the tasks of one slab share it),
 //       else [dstate][lanes]; pC likewise.
 // `work` holds ss_bwd_work_floats(...) floats, 64-byte aligned.
+//
+// L split (split = 1, fewer tasks than threads): the task is one direction (`reverse`)
+// of one piece `piece` of `pieces` contiguous ranges of scan-order blocks of `lanes`
+// steps, in one of three phases (the driver carries between them; every [dstate][lanes]
+// array below is per (task, piece)):
+//   1. the checkpoint sweep from zero (piece 0: from h0), keeping dA's running product
+//      P until it is <= 2^-30 everywhere (block `hwin`, the piece's end when never);
+//      writes the piece's checkpoints into `ckbuf` ([blocks][dstate][lanes], the task's)
+//      and `hend`, `ptot` (P, 0 once dropped) for the carry hin[k+1] = hend[k] + ptot[k] hin[k];
+//   2. the sweep again over [piece start, hwin) from `hin`; then the adjoint from zero
+//      (the last piece: from the last state's cotangent), alone (no gradients) while
+//      the product Q of dA from the piece's end is > 2^-30 somewhere (blocks [gwin,
+//      piece end)), in full over the rest; writes `gend`, `qtot` (Q, 0 once dropped) for
+//      the carry gin[k-1] = gend[k] + qtot[k] gin[k] (gin[0]'s carry out is dh0);
+//   3. the adjoint in full over [gwin, piece end) from `gin`.
+// Dropping P (Q) once <= 2^-30 drops a term below float32 resolution of the entering
+// state (adjoint). Phases 2 and 3 write their own pA / pD / pbias (and invariant pB / pC)
+// partials; varying pB / pC is the task's [length][dstate] (accumulate = 1; the pieces
+// write disjoint rows, stored by the first direction, added by the second); bidirectional sums live in `sums` (3 x [length]
+// [lanes], the task's); dh0 is left to the driver.
 struct SsBwdTask {
   int64_t b, d0, nch;
   float* work;
   float *pA, *pB, *pC, *pD, *pbias;
   int32_t accumulate;
+  int32_t split, phase, reverse;
+  int64_t piece, pieces;
+  float *ckbuf, *sums;
+  const float* hin;
+  float *hend, *ptot;
+  int64_t* hwin;
+  const float* gin;
+  float *gend, *qtot;
+  int64_t* gwin;
 };
 
 struct SsBwdTable {
@@ -55,12 +84,14 @@ struct SsBwdTable {
 
 // Scratch floats of one task (a multiple of 16): the checkpoints ([blocks][dstate]
 // [lanes], one per block of `lanes` steps), one block's dA and states, three
-// [length][lanes] accumulators, and small per-block buffers.
-inline int64_t ss_bwd_work_floats(int64_t lanes, int64_t dstate, int64_t length) {
-  const int64_t blocks = (length + lanes - 1) / lanes;
+// [length][lanes] accumulators, and small per-block buffers. `split`: an L-split piece,
+// whose checkpoints and accumulators are the task's (SsBwdTask::ckbuf, sums).
+inline int64_t ss_bwd_work_floats(int64_t lanes, int64_t dstate, int64_t length, bool split = false) {
+  const int64_t blocks = split ? 0 : (length + lanes - 1) / lanes;
+  const int64_t sums = split ? 0 : 3 * length * lanes;
   const int64_t np = (dstate + lanes - 1) / lanes * lanes;
-  return (blocks * dstate * lanes + 2 * lanes * dstate * lanes + 3 * length * lanes +
-          12 * dstate * lanes + 2 * np * lanes + 12 * lanes * lanes + 64 * 16 + 15) / 16 * 16;
+  return (blocks * dstate * lanes + 2 * lanes * dstate * lanes + sums +
+          13 * dstate * lanes + 2 * np * lanes + 12 * lanes * lanes + 64 * 16 + 15) / 16 * 16;
 }
 
 const SsBwdTable* ss_bwd_table_generic();

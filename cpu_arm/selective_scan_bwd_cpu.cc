@@ -26,6 +26,118 @@ namespace {
 void zero(float* p, int64_t n) {
   if (p != nullptr && n > 0) std::memset(p, 0, sizeof(float) * static_cast<size_t>(n));
 }
+
+// The L split (see SsBwdTask): per direction (bidirectional: reverse, then forward),
+// three parallel phases over (task, piece) with the sequential carries between them.
+// Fills the same per-task partials as the unsplit path (varying pB / pC: one [L][N] per
+// task), adding the pieces' partials in a fixed order, and writes dh0. The partition
+// depends only on the thread count: bit-reproducible for a given count.
+template <class TaskAt>
+void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor, int64_t tasks,
+               int64_t pieces, const TaskAt& task_at, float* pA, float* pB, float* pC, float* pD,
+               float* pbias) {
+  const SsParams& p = q.fwd;
+  const int64_t N = p.dstate, L = p.length, lanes = table.lanes, NW = N * lanes;
+  const int64_t nblocks = (L + lanes - 1) / lanes;
+  const bool bidi = p.direction == SsDirection::kBidirectional;
+  std::vector<SsDirection> dirs;
+  if (bidi) dirs = {SsDirection::kReverse, SsDirection::kForward};
+  else dirs = {p.direction};
+  const int64_t ndirs = static_cast<int64_t>(dirs.size());
+  const int64_t kp = tasks * pieces;
+  FloatBuffer ck = alloc_floats(tasks * nblocks * NW);
+  FloatBuffer sums = bidi ? alloc_floats(tasks * 3 * L * lanes) : FloatBuffer();
+  std::vector<float> hin(kp * NW), hend(kp * NW), ptot(kp * NW), gin(kp * NW), gend(kp * NW), qtot(kp * NW);
+  std::vector<float> gh0(tasks * NW, 0.0f);
+  std::vector<int64_t> hwin(kp), gwin(kp);
+  // Partials of every (task, piece, direction, phase 2 / 3), added up in that order below.
+  const int64_t slots = kp * ndirs * 2;
+  std::vector<float> sA(slots * NW), sB(p.b_var ? 0 : slots * NW), sC(p.c_var ? 0 : slots * NW),
+      sD(slots * lanes), sbias(slots * lanes);
+  const int64_t work_floats = ss_bwd_work_floats(lanes, N, L, true);
+  for (int64_t di = 0; di < ndirs; ++di) {
+    const bool reverse = dirs[di] == SsDirection::kReverse;
+    auto run_item = [&](int64_t task, int64_t piece, int phase) {
+      FloatBuffer work = alloc_floats(work_floats);
+      SsBwdTask t{};
+      task_at(task, t);
+      t.work = work.get();
+      t.split = 1;
+      t.phase = phase;
+      t.reverse = reverse ? 1 : 0;
+      t.piece = piece;
+      t.pieces = pieces;
+      t.ckbuf = ck.get() + task * nblocks * NW;
+      t.sums = bidi ? sums.get() + task * 3 * L * lanes : nullptr;
+      const int64_t k = task * pieces + piece;
+      t.hin = hin.data() + k * NW;
+      t.hend = hend.data() + k * NW;
+      t.ptot = ptot.data() + k * NW;
+      t.hwin = hwin.data() + k;
+      t.gin = gin.data() + k * NW;
+      t.gend = gend.data() + k * NW;
+      t.qtot = qtot.data() + k * NW;
+      t.gwin = gwin.data() + k;
+      t.accumulate = 1;
+      if (phase != 1) {
+        const int64_t slot = (k * ndirs + di) * 2 + (phase == 3 ? 1 : 0);
+        t.pA = sA.data() + slot * NW;
+        t.pB = p.b_var ? pB + task * L * N : sB.data() + slot * NW;
+        t.pC = p.c_var ? pC + task * L * N : sC.data() + slot * NW;
+        t.pD = sD.data() + slot * lanes;
+        t.pbias = sbias.data() + slot * lanes;
+      }
+      table.run(q, t);
+    };
+    executor.parallel_for(kp, [&](int64_t i) { run_item(i / pieces, i % pieces, 1); });
+    for (int64_t task = 0; task < tasks; ++task) {  // states entering the pieces
+      std::vector<float> X(NW, 0.0f);
+      for (int64_t k = task * pieces; k < (task + 1) * pieces; ++k)
+        for (int64_t i = 0; i < NW; ++i) {
+          hin[k * NW + i] = X[i];
+          X[i] = hend[k * NW + i] + ptot[k * NW + i] * X[i];  // piece 0: ptot = 0
+        }
+    }
+    executor.parallel_for(kp, [&](int64_t i) { run_item(i / pieces, i % pieces, 2); });
+    for (int64_t task = 0; task < tasks; ++task) {  // adjoints entering the pieces (backwards)
+      std::vector<float> X(NW, 0.0f);
+      for (int64_t k = (task + 1) * pieces - 1; k >= task * pieces; --k)
+        for (int64_t i = 0; i < NW; ++i) {
+          gin[k * NW + i] = X[i];
+          X[i] = gend[k * NW + i] + qtot[k * NW + i] * X[i];  // last piece: qtot = 0
+        }
+      for (int64_t i = 0; i < NW; ++i) gh0[task * NW + i] += X[i];
+    }
+    executor.parallel_for(tasks * (pieces - 1), [&](int64_t i) { run_item(i / (pieces - 1), i % (pieces - 1), 3); });
+  }
+  for (int64_t task = 0; task < tasks; ++task) {
+    float* a = pA + task * NW;
+    float* d = pD + task * lanes;
+    float* bs = pbias + task * lanes;
+    zero(a, NW);
+    zero(d, lanes);
+    zero(bs, lanes);
+    if (!p.b_var) zero(pB + task * NW, NW);
+    if (!p.c_var) zero(pC + task * NW, NW);
+    for (int64_t slot = task * pieces * ndirs * 2; slot < (task + 1) * pieces * ndirs * 2; ++slot) {
+      for (int64_t i = 0; i < NW; ++i) {
+        a[i] += sA[slot * NW + i];
+        if (!p.b_var) pB[task * NW + i] += sB[slot * NW + i];
+        if (!p.c_var) pC[task * NW + i] += sC[slot * NW + i];
+      }
+      for (int64_t r = 0; r < lanes; ++r) {
+        d[r] += sD[slot * lanes + r];
+        bs[r] += sbias[slot * lanes + r];
+      }
+    }
+    if (q.dh0 != nullptr) {
+      SsBwdTask t{};
+      task_at(task, t);
+      for (int64_t r = 0; r < t.nch; ++r)
+        for (int64_t n = 0; n < N; ++n) q.dh0[(t.b * p.dim + t.d0 + r) * N + n] = gh0[task * NW + n * lanes + r];
+    }
+  }
+}
 }  // namespace
 
 void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Executor& executor) {
@@ -67,10 +179,24 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
     t.nch = std::min<int64_t>(lanes, per_group - k * lanes);
   };
   const int64_t NW = N * lanes;
+  const int64_t cost = batch * Dm * L * std::max<int64_t>(N, 1);
+  const int64_t threads = cost < (int64_t(1) << 16) ? 1 : executor.num_threads();
+  const int64_t nblocks = (L + lanes - 1) / lanes;
+  // Fewer tasks than threads: split L into `pieces` per task, as the forward
+  // (>= kSsMinPieceSteps steps each; JAX_SELSCAN_SS_PIECE_STEPS lowers it for tests).
+  int64_t pieces = 1;
+  if (threads > 1 && tasks < threads) {
+    int64_t min_piece = kSsMinPieceSteps;
+    if (const char* env = std::getenv("JAX_SELSCAN_SS_PIECE_STEPS"); env != nullptr && env[0] != '\0')
+      min_piece = std::max<int64_t>(1, std::strtoll(env, nullptr, 10));
+    pieces = std::min({(threads + tasks - 1) / tasks, std::max<int64_t>(1, L / min_piece), nblocks});
+  }
+  const bool split = pieces > 1;
   // Slabs: a group's tiles cut into at most kSsBwdSlabs runs (fixed, independent of the
   // threads); one work item = the tiles of one slab, in order, summing the varying
   // dB / dC into the slab's [L][N] partial. Per-channel partials stay per task.
-  const int64_t slabs = std::min(tiles_per_group, kSsBwdSlabs);
+  // L split: one [L][N] partial per task (the slab of one tile).
+  const int64_t slabs = split ? tiles_per_group : std::min(tiles_per_group, kSsBwdSlabs);
   const int64_t items = batch * groups * slabs;
   const bool var = p.b_var || p.c_var;
   const int64_t pb_floats = p.b_var ? L * N : NW, pc_floats = p.c_var ? L * N : NW;
@@ -78,37 +204,39 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
   FloatBuffer pA = alloc_floats(tasks * NW), pB = alloc_floats(pb_count * pb_floats),
               pC = alloc_floats(pc_count * pc_floats), pD = alloc_floats(tasks * lanes),
               pbias = alloc_floats(tasks * lanes);
-  const int64_t work_floats = ss_bwd_work_floats(lanes, N, L);
-  const int64_t cost = batch * Dm * L * std::max<int64_t>(N, 1);
-  const int64_t threads = cost < (int64_t(1) << 16) ? 1 : executor.num_threads();
-  const int64_t workers = std::min<int64_t>(threads, var ? items : tasks);
-  std::atomic<int64_t> next{0};
-  auto run_task = [&](int64_t i, int64_t item, bool accumulate, float* work) {
-    SsBwdTask t{};
-    task_at(i, t);
-    t.work = work;
-    t.pA = pA.get() + i * NW;
-    t.pB = pB.get() + (p.b_var ? item : i) * pb_floats;
-    t.pC = pC.get() + (p.c_var ? item : i) * pc_floats;
-    t.pD = pD.get() + i * lanes;
-    t.pbias = pbias.get() + i * lanes;
-    t.accumulate = accumulate ? 1 : 0;
-    table.run(q, t);
-  };
-  auto worker = [&](int64_t) {
-    FloatBuffer work = alloc_floats(work_floats);
-    if (!var) {
-      for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) run_task(i, 0, false, work.get());
-      return;
-    }
-    for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
-      const int64_t bg = it / slabs, s = it % slabs;  // bg = b * groups + g
-      const int64_t k0 = s * tiles_per_group / slabs, k1 = (s + 1) * tiles_per_group / slabs;
-      for (int64_t k = k0; k < k1; ++k) run_task(bg * tiles_per_group + k, it, k > k0, work.get());
-    }
-  };
-  if (workers <= 1) worker(0);
-  else executor.parallel_for(workers, worker);
+  if (split) {
+    run_split(q, table, executor, tasks, pieces, task_at, pA.get(), pB.get(), pC.get(), pD.get(), pbias.get());
+  } else {
+    const int64_t work_floats = ss_bwd_work_floats(lanes, N, L);
+    const int64_t workers = std::min<int64_t>(threads, var ? items : tasks);
+    std::atomic<int64_t> next{0};
+    auto run_task = [&](int64_t i, int64_t item, bool accumulate, float* work) {
+      SsBwdTask t{};
+      task_at(i, t);
+      t.work = work;
+      t.pA = pA.get() + i * NW;
+      t.pB = pB.get() + (p.b_var ? item : i) * pb_floats;
+      t.pC = pC.get() + (p.c_var ? item : i) * pc_floats;
+      t.pD = pD.get() + i * lanes;
+      t.pbias = pbias.get() + i * lanes;
+      t.accumulate = accumulate ? 1 : 0;
+      table.run(q, t);
+    };
+    auto worker = [&](int64_t) {
+      FloatBuffer work = alloc_floats(work_floats);
+      if (!var) {
+        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) run_task(i, 0, false, work.get());
+        return;
+      }
+      for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+        const int64_t bg = it / slabs, s = it % slabs;  // bg = b * groups + g
+        const int64_t k0 = s * tiles_per_group / slabs, k1 = (s + 1) * tiles_per_group / slabs;
+        for (int64_t k = k0; k < k1; ++k) run_task(bg * tiles_per_group + k, it, k > k0, work.get());
+      }
+    };
+    if (workers <= 1) worker(0);
+    else executor.parallel_for(workers, worker);
+  }
 
   // Per-channel sums over batch (and time, already inside the partials), in batch order.
   auto task_of = [&](int64_t b, int64_t d, int64_t* lane) {

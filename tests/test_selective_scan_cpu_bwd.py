@@ -189,6 +189,38 @@ def test_vmap_of_grad_and_float64_fallback():
     assert BWD not in text  # float64: the pure-JAX VJP
 
 
+@pytest.mark.parametrize("slow", [False, True])
+def test_l_split_gradients_match_float64_reference(monkeypatch, slow):
+    # One task (batch 1, 8 channels: one tile of 8 or 16 lanes) and short pieces forced by
+    # JAX_SELSCAN_SS_PIECE_STEPS (read on every call): with >= 2 threads the backward (and
+    # the forward, which then leaves no checkpoints) split L across threads
+    # (cpu_arm/selective_scan_bwd_cpu.cc). Gradients against the float64 reference at the
+    # usual tolerances in every direction, bitwise reproducible, and not bitwise the
+    # unsplit gradients (which shows that the split ran). slow: A / 50, so the carries
+    # between pieces stay large (windows that do not close).
+    x, dtypes = make(95 + slow, batch=1, dim=8, dstate=16, length=1001, groups=1)
+    if slow:
+        x["A"] = np.asarray(np.asarray(x["A"] / 50, np.float32), np.float64)
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    for direction in DIRECTIONS:
+        dout, dlast = cotangents(96, x, direction, True, dtypes["u"])
+        plain, _ = grads(selective_scan, x, dtypes, dout, dlast, direction, True, None)
+        with monkeypatch.context() as m:
+            m.setenv("JAX_SELSCAN_SS_PIECE_STEPS", "64")
+            got, hlo = grads(selective_scan, x, dtypes, dout, dlast, direction, True, None)
+            again, _ = grads(selective_scan, x, dtypes, dout, dlast, direction, True, None)
+        assert BWD in hlo
+        want, _ = grads(selective_scan_ref, x, dtypes, dout, dlast, direction, True, np.float64)
+        for k in got:
+            np.testing.assert_array_equal(got[k], again[k])
+            g, w = np.asarray(got[k], np.float64), np.asarray(want[k])
+            tol = TOL[np.dtype(dtypes[k])] * (3 if k in ("D", "delta_bias") else 1)
+            err = np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30)
+            assert err <= tol, f"{direction} d{k}: relative error {err:.3g} > {tol:g}"
+        if threads >= 2:
+            assert any(not np.array_equal(got[k], plain[k]) for k in got), "no L split ran"
+
+
 SWEEP = os.environ.get("JAX_SELSCAN_BWD_SWEEP") == "1"
 
 

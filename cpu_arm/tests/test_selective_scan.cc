@@ -7,7 +7,8 @@
 // separate calls; threads (results must be bit-identical to one thread). The
 // backward (selective_scan_bwd_cpu): every gradient against a float64 adjoint
 // (itself checked against central differences), every case and direction,
-// bit-identical on 1, 3 and 4 threads.
+// bit-identical on 1, 3 and 4 threads; the forced L split (3 and 7 threads, fewer tasks than
+// threads) against the reference, reproducible.
 //
 //   ./test_selective_scan           all cases
 //   ./test_selective_scan --quick   fewer / smaller cases (for emulators)
@@ -34,6 +35,7 @@ namespace {
 using test::g_checks;
 using test::g_failures;
 using Threads = test::ThreadExecutor;
+int g_split_runs = 0;  // backward calls that ran the L split
 
 // An operand stored in one of the three types; `v` holds the exact (rounded) values.
 struct Arr {
@@ -70,6 +72,7 @@ struct Case {
   bool D, z, bias, softplus, h0, last;
   SsType io, state_in;  // u/delta/z/out type; A/B/C/D/bias/h0 type
   bool fast_decay = false;  // A <= -2: dA's products underflow within ~100 steps (L split windows close)
+  bool slow_decay = false;  // A / 50: dA's products stay large over a piece (the carries matter)
 };
 
 struct Inputs {
@@ -89,6 +92,7 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
     Arr a = make(g, c.dim * c.N, c.state_in, 0.5, 0.0);
     for (size_t i = 0; i < a.v.size(); ++i) {
       float v = -std::exp(static_cast<float>(a.v[i])) - (c.fast_decay ? 2.0f : 0.0f);
+      if (c.slow_decay) v *= 0.02f;
       if (a.t == SsType::kBF16) { a.h[i] = float_to_bf16(v); v = bf16_to_float(a.h[i]); }
       else if (a.t == SsType::kF16) { a.h[i] = float_to_f16(v); v = f16_to_float(a.h[i]); }
       else a.f[i] = v;
@@ -557,6 +561,52 @@ void run_bwd_case(const Case& c, const SsBwdTable& table, const SsTable& fwd, ui
     CHECK(same_bits(got, run_bwd(c, x, k, dir, table, one, &bad, row + 1)), "%s dir %d: bad checkpoints used", what,
           int(dir));
   }
+  // Forced L split (pieces of >= 64 steps) on 3 and 7 threads when there are fewer tasks
+  // than threads: every gradient against the float64 reference at the same tolerances,
+  // with the backward's own sweep and with the forward's checkpoints (written unsplit);
+  // bit-reproducible for a given thread count; differing (by rounding) from one thread,
+  // which shows the split ran.
+  if (c.L >= 128) {
+    int64_t x0 = c.dim / (c.bg ? c.bg : 1), y0 = c.dim / (c.cg ? c.cg : 1);
+    while (y0 != 0) { const int64_t r = x0 % y0; x0 = y0; y0 = r; }
+    const int64_t tasks = c.batch * (c.dim / x0) * ((x0 + table.lanes - 1) / table.lanes);
+    const bool big = c.batch * c.dim * c.L * c.N >= (int64_t(1) << 16);
+    setenv("JAX_SELSCAN_SS_PIECE_STEPS", "64", 1);
+    for (int nt : {3, 7}) {
+      Threads th(nt);
+      for (SsDirection dir : {SsDirection::kForward, SsDirection::kReverse, SsDirection::kBidirectional}) {
+        const Grads want = reference_bwd(c, x, k, dir);
+        const BwdOut one_t = run_bwd(c, x, k, dir, table, one);
+        const BwdOut got = run_bwd(c, x, k, dir, table, th);
+        const int64_t row = ss_ckpt_row(table.lanes, c.N, c.L, dir);
+        std::vector<float> ck;
+        run(c, x, dir, fwd, one, &ck, row);
+        const BwdOut got_ck = run_bwd(c, x, k, dir, table, th, &ck, row);
+        const char* names[] = {"u", "delta", "z", "A", "B", "C", "D", "delta_bias", "h0"};
+        for (const BwdOut* o : {&got, &got_ck}) {
+          const std::vector<float>* gs[] = {&o->u, &o->delta, &o->z, &o->A, &o->B, &o->C, &o->D, &o->bias, &o->h0};
+          const std::vector<double>* ws[] = {&want.u, &want.delta, &want.z, &want.A, &want.B,
+                                             &want.C, &want.D, &want.bias, &want.h0};
+          for (int i = 0; i < 9; ++i) {
+            if (gs[i]->size() != ws[i]->size() || ws[i]->empty()) continue;
+            const double t_i = (i == 6 || i == 7) ? 3 * tol : tol;
+            double e;
+            CHECK((e = rel_err(*gs[i], *ws[i])) <= t_i, "%s split %d threads%s dir %d d%s rel err %.3g", what, nt,
+                  o == &got ? "" : " (checkpoints)", int(dir), names[i], e);
+          }
+        }
+        CHECK(same_bits(got, run_bwd(c, x, k, dir, table, th)), "%s split %d threads dir %d: not reproducible", what,
+              nt, int(dir));
+        if (tasks < nt && big) {
+          ++g_split_runs;
+          CHECK(!same_bits(got, one_t), "%s %d threads dir %d: no L split (bitwise one thread's)", what, nt, int(dir));
+        } else {
+          CHECK(same_bits(got, one_t), "%s %d threads dir %d (no split): differs from one thread", what, nt, int(dir));
+        }
+      }
+    }
+    unsetenv("JAX_SELSCAN_SS_PIECE_STEPS");
+  }
 }
 }  // namespace
 
@@ -594,6 +644,13 @@ int main(int argc, char** argv) {
       {1, 1, 4, 3001, 1, 1, true, true, true, true, true, true, F, F, true},
       {1, 1, 1, 5003, 1, 1, true, true, true, true, true, true, F, F, true},
       {2, 1, 1, 2500, 1, 1, true, true, true, true, true, true, H, H, true},
+      // The backward's L split (fewer tasks than threads): idle lanes with slow decay; short
+      // pieces and slow decay (windows that do not close, large carries); fast decay with
+      // N = 8, invariant B / C; no softplus / D / z / h0.
+      {1, 3, 16, 1500, 1, 1, true, true, true, true, true, true, F, F},
+      {1, 16, 16, 400, 1, 2, true, true, true, true, true, true, F, F, false, true},
+      {1, 5, 8, 2100, 0, 0, true, true, true, true, true, true, F, F, true},
+      {1, 8, 4, 2500, 1, 1, false, false, false, false, false, true, F, F, false, true},
       // Many channels per group: more tiles than the backward's slabs (several tiles
       // summing into one dB / dC partial).
       {1, 600, 4, 37, 1, 1, true, true, true, true, true, true, F, F},
@@ -616,8 +673,11 @@ int main(int argc, char** argv) {
     const SsBwdTable* bt = ss_bwd_table_named(k->name);
     if (bt == nullptr) { CHECK(false, "no selective-scan backward table for %s", k->name); continue; }
     seed = 1;
+    g_split_runs = 0;
     for (const Case& c : cases) run_bwd_case(c, *bt, *t, seed++);
-    std::printf("%-8s (%d lanes): %s\n", t->name, t->lanes, g_failures == before ? "ok" : "FAILED");
+    CHECK(g_split_runs >= 12, "%s: only %d backward calls ran the L split", t->name, g_split_runs);
+    std::printf("%-8s (%d lanes): %s (%d split backward calls)\n", t->name, t->lanes,
+                g_failures == before ? "ok" : "FAILED", g_split_runs);
   }
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;

@@ -1,0 +1,68 @@
+// Backward timing for few tasks and long L (the L split): batch 1, D channels, N states,
+// L steps, float32, Mamba-like inputs (softplus delta, A = -exp(normal / 2), B and C
+// varying, D, z), best ISA, medians over `reps` calls on warm buffers, for each thread
+// count given (test::ThreadExecutor: a fresh set of threads per parallel region).
+// Usage: bench_selective_bwd D N log2L reps threads...
+// Build as build_selective_tests.sh builds test_selective_scan (the ISA objects, driver.cc,
+// dispatch.cc, selective_scan_cpu.cc, selective_scan_bwd_cpu.cc, -pthread).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "test_util.h"
+#include "../selective_scan_bwd_cpu.h"
+
+using namespace jax_selscan;
+
+int main(int argc, char** argv) {
+  if (argc < 6) {
+    std::fprintf(stderr, "usage: %s D N log2L reps threads...\n", argv[0]);
+    return 2;
+  }
+  const int64_t D = std::atoll(argv[1]), N = std::atoll(argv[2]), L = int64_t(1) << std::atoi(argv[3]);
+  const int reps = std::atoi(argv[4]);
+  std::mt19937 g(0);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> u(D * L), dl(D * L), z(D * L), dout(D * L), A(D * N), B(N * L), C(N * L), Dv(D), bias(D);
+  for (auto& v : u) v = nd(g);
+  for (auto& v : dl) v = nd(g) * 0.5f - 1.0f;
+  for (auto& v : z) v = nd(g);
+  for (auto& v : dout) v = nd(g);
+  for (auto& v : A) v = -std::exp(nd(g) * 0.5f);
+  for (auto& v : B) v = nd(g);
+  for (auto& v : C) v = nd(g);
+  for (auto& v : Dv) v = nd(g);
+  for (auto& v : bias) v = nd(g) * 0.2f;
+  std::vector<float> du(D * L), dd(D * L), dz(D * L), dA(D * N), dB(N * L), dC(N * L), dD(D), dbias(D);
+  SsBwdParams q{};
+  SsParams& p = q.fwd;
+  p.u = u.data(); p.delta = dl.data(); p.A = A.data();
+  p.B = B.data(); p.b_var = true; p.C = C.data(); p.c_var = true;
+  p.D = Dv.data(); p.z = z.data(); p.delta_bias = bias.data(); p.delta_softplus = true;
+  p.direction = SsDirection::kForward;
+  p.batch = 1; p.dim = D; p.dstate = N; p.length = L; p.b_groups = 1; p.c_groups = 1;
+  q.dout = dout.data();
+  q.du = du.data(); q.ddelta = dd.data(); q.dz = dz.data(); q.dA = dA.data(); q.dB = dB.data(); q.dC = dC.data();
+  q.dD = dD.data(); q.ddelta_bias = dbias.data();
+  std::string err;
+  const SsBwdTable* table = select_ss_bwd_table(&err);
+  for (int a = 5; a < argc; ++a) {
+    const int nt = std::atoi(argv[a]);
+    test::ThreadExecutor ex(nt);
+    std::vector<double> ts;
+    selective_scan_bwd_cpu(q, *table, ex);  // warm-up
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      selective_scan_bwd_cpu(q, *table, ex);
+      ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ts.begin(), ts.end());
+    std::printf("bwd %s batch 1 D %lld N %lld L 2^%s threads %d: median %.2f ms (min %.2f, max %.2f, %d calls)\n",
+                table->name, (long long)D, (long long)N, argv[3], nt, ts[ts.size() / 2], ts.front(), ts.back(), reps);
+  }
+  return 0;
+}
