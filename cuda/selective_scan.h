@@ -104,8 +104,13 @@ struct SsPlan {
   int P = 0;         // lanes per row (power of two <= 32)
   int CB = 0;        // backward: rows per block
   int64_t K = 0;     // checkpoints per row
+  // The forward's L split (also used by the backward's checkpoint sweep): nch chunks of
+  // chunk_steps steps (a multiple of 32), or nch = 1. See ss_fwd_chunks.
+  int64_t nch = 1, chunk_steps = 0;
+  // The staged backward's own L split (ss_bwd_chunks): bnch chunks of bchunk_steps steps.
+  int64_t bnch = 1, bchunk_steps = 0;
   size_t ybuf = 0, ckpt = 0, pdB = 0, pdC = 0, pdA = 0, pdD = 0, pdbias = 0, pdh0 = 0,
-         du_acc = 0, dd_acc = 0, total = 0;
+         du_acc = 0, dd_acc = 0, chunk_h = 0, chunk_S = 0, bchunk_g = 0, bchunk_S = 0, total = 0;
 };
 // dh0 scratch iff p.h0 is set; no checkpoint scratch when the forward saved them
 SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt = false);
@@ -123,5 +128,16 @@ inline bool ss_staged_ok(const SsProblem& p) {
   return p.groups_b && p.groups_c && fits(p.groups_b) && fits(p.groups_c) && p.N <= 128;
 }
 bool ss_staged_bwd_ok(const SsProblem& p);
+// Whether the forward runs the staged kernel: ss_staged_ok, unless JAX_SELSCAN_SS_FWD=rows
+// forces round 1 (read per call, for comparisons).
+bool ss_fwd_staged(const SsProblem& p);
+
+// L chunks of the forward walk (1: no split). Split when the row blocks fill at most half of
+// the GPU's block slots (`sms` SMs; 4 staged blocks or 16 round-1 blocks of 128 threads per
+// SM): as many chunks as fill the slots, each at least 256 steps. JAX_SELSCAN_SS_FWD_CHUNKS=n
+// forces n (tests). `lanes`: the round-1 kernel's lanes per row.
+int64_t ss_fwd_chunks(const SsProblem& p, int sms, int lanes);
+// The same for the staged backward (3 blocks per SM); JAX_SELSCAN_SS_BWD_CHUNKS=n forces n.
+int64_t ss_bwd_chunks(const SsProblem& p, int sms);
 
 }  // namespace jss

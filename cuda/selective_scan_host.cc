@@ -1,6 +1,7 @@
 // Host side of the CUDA selective scan: launch geometry, scratch layout, dtype dispatch.
 #include "selective_scan.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -16,6 +17,16 @@ int64_t pow2ceil(int64_t x) {
 }
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+// SMs of the current device (132 when it cannot be asked: the plan must not fail).
+int device_sms() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+    cudaGetLastError();
+    return 132;
+  }
+  return n;
+}
 
 // States per lane: 4 when N allows (the exponentials of 4 states per step keep the lane
 // busy between the shuffles of the per-step y sum); fewer, i.e. more lanes per row, when
@@ -50,6 +61,36 @@ int ss_lanes_per_row(int64_t N, int64_t rows) {
   return P;
 }
 
+bool ss_fwd_staged(const SsProblem& p) {
+  const char* e = std::getenv("JAX_SELSCAN_SS_FWD");
+  return ss_staged_ok(p) && !(e && std::strcmp(e, "rows") == 0);
+}
+
+int64_t ss_fwd_chunks(const SsProblem& p, int sms, int lanes) {
+  const int64_t L = p.L;
+  if (const char* e = std::getenv("JAX_SELSCAN_SS_FWD_CHUNKS")) {
+    const long long n = std::atoll(e);
+    if (n >= 1) return n;
+  }
+  const bool staged = ss_fwd_staged(p);
+  const int64_t blocks = staged ? p.batch * ((p.dim + 31) / 32) : (p.batch * p.dim * lanes + 127) / 128;
+  const int64_t slots = static_cast<int64_t>(sms) * (staged ? 4 : 16);
+  if (2 * blocks > slots) return 1;
+  const int64_t n = std::min(slots / blocks, L / 256);
+  return n > 1 ? n : 1;
+}
+
+int64_t ss_bwd_chunks(const SsProblem& p, int sms) {
+  if (const char* e = std::getenv("JAX_SELSCAN_SS_BWD_CHUNKS")) {
+    const long long n = std::atoll(e);
+    if (n >= 1) return n;
+  }
+  const int64_t blocks = p.batch * (p.dim / 32), slots = static_cast<int64_t>(sms) * 3;
+  if (blocks < 1 || 2 * blocks > slots) return 1;
+  const int64_t n = std::min(slots / blocks, p.L / 256);
+  return n > 1 ? n : 1;
+}
+
 bool ss_staged_bwd_ok(const SsProblem& p) {
   const char* e = std::getenv("JAX_SELSCAN_SS_BWD");
   if (e && std::strcmp(e, "rows") == 0) return false;
@@ -72,6 +113,24 @@ SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
     off += align256(floats * sizeof(float));
     return at;
   };
+  // Whole 32-step tiles per chunk, at most 65535 chunks (the grid's y extent).
+  auto split = [&](int64_t want, int64_t* nch, int64_t* steps) {
+    const int64_t tiles = (p.L + 31) / 32;
+    const int64_t n = std::min<int64_t>(std::min<int64_t>(want, tiles), 65535);
+    if (n > 1) {
+      const int64_t per = (tiles + n - 1) / n;
+      *steps = per * 32;
+      *nch = (tiles + per - 1) / per;
+    }
+  };
+  // The forward walk's L split (the forward, and the backward's checkpoint sweep).
+  if (!backward || !saved_ckpt) {
+    split(ss_fwd_chunks(p, device_sms(), s.P), &s.nch, &s.chunk_steps);
+    if (s.nch > 1) {
+      s.chunk_h = take(static_cast<size_t>(R * s.nch * p.N));
+      s.chunk_S = take(static_cast<size_t>(R * s.nch));
+    }
+  }
   if (!backward) {
     if (ndir == 2) s.ybuf = take(static_cast<size_t>(R * p.L));
     s.total = off;
@@ -87,14 +146,20 @@ SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
   while (CB > 1 && bad(CB)) CB /= 2;
   s.staged_bwd = ss_staged_bwd_ok(p);
   s.CB = s.staged_bwd ? 32 : CB;
+  if (s.staged_bwd) split(ss_bwd_chunks(p, device_sms()), &s.bnch, &s.bchunk_steps);
+  const size_t bn = static_cast<size_t>(s.bnch);  // the per-row partials get a chunk index
   const size_t varsz = static_cast<size_t>(p.batch * (p.dim / CB) * ndir * p.N * p.L);
   const size_t invsz = static_cast<size_t>(p.batch * ndir * p.dim * p.N);
   if (!saved_ckpt) s.ckpt = take(static_cast<size_t>(R * s.K * p.N));
   s.pdB = take(p.groups_b ? varsz : invsz);
   s.pdC = take(p.groups_c ? varsz : invsz);
-  s.pdA = take(invsz);
-  s.pdD = take(static_cast<size_t>(p.batch * ndir * p.dim));
-  s.pdbias = take(static_cast<size_t>(p.batch * ndir * p.dim));
+  s.pdA = take(invsz * bn);
+  s.pdD = take(static_cast<size_t>(p.batch * ndir * p.dim) * bn);
+  s.pdbias = take(static_cast<size_t>(p.batch * ndir * p.dim) * bn);
+  if (s.bnch > 1) {
+    s.bchunk_g = take(static_cast<size_t>(R * s.bnch * p.N));
+    s.bchunk_S = take(static_cast<size_t>(R * s.bnch));
+  }
   if (p.h0) s.pdh0 = take(static_cast<size_t>(ndir * R * p.N));
   if (ndir == 2) {
     s.du_acc = take(static_cast<size_t>(R * p.L));

@@ -46,6 +46,8 @@ enum Mode : int {
   kRawY = 1,        // ybuf = y (first direction of "bidirectional")
   kAddY = 2,        // out = (y + ybuf + 2 D u) * silu(z)
   kCheckpoint = 3,  // states only: ckpt[row, k] = state entering chunk k
+  kChunkEnd = 4,    // L split, phase A: an L chunk walked from a zero state; writes its end
+                    // state and the sum of dt over it (chunk_h, chunk_S), nothing else
 };
 
 template <class H> struct Io;  // float32 here; bfloat16 / float16 below
@@ -203,7 +205,44 @@ struct FwdArgs {
   int P;              // lanes per row
   int mode;
   bool rev;
+  // The L split (SsPlan::nch > 1): chunk c = blockIdx.y walks steps [c * chunk_steps,
+  // (c + 1) * chunk_steps) of the walking order, entering with chunk_h[row][c][.] (written
+  // by chunk_carry) instead of h0; only the last chunk writes `last`. nch <= 1: no split.
+  int64_t nch, chunk_steps;
+  float* chunk_h;     // (R, nch, N): phase A's end states, then the entering states
+  float* chunk_S;     // (R, nch): phase A's sum of dt per chunk
 };
+
+// The state entering chunk c of a walk, for state n of `row` (zero for padding states).
+__device__ __forceinline__ float chunk_entry(const FwdArgs& a, int64_t row, int64_t n, bool nval,
+                                            int64_t c) {
+  if (!nval || a.mode == kChunkEnd) return 0.f;
+  if (a.nch > 1) return a.chunk_h[(row * a.nch + c) * a.p.N + n];
+  return a.p.h0 ? a.p.h0[row * a.p.N + n] : 0.f;
+}
+
+// L split, between phase A and phase C: one thread per (row, state) folds the chunks in the
+// walk's order, h_in[first] = init and h_in[next] = exp2(A log2e S_c) h_in[c] + h_end[c] (the
+// product of a chunk's decays is the exponential of A times its summed dt), overwriting the
+// end states in ch (R, nch, N) with the entering states. The forward folds chunks upwards
+// from h0; the backward's adjoint (g <- E (g + C dy)) folds them downwards from dlast.
+static __global__ void chunk_carry(SsProblem p, int64_t nch, float* ch, const float* cS,
+                                   const float* init, bool descending) {
+  const int64_t N = p.N, R = p.batch * p.dim;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= R * N) return;
+  const int64_t row = i / N, n = i % N, d = row % p.dim;
+  const float a2 = p.A[d * N + n] * kLog2e;
+  float h = init ? init[row * N + n] : 0.f;
+  for (int64_t k = 0; k < nch; ++k) {
+    const int64_t c = descending ? nch - 1 - k : k;
+    float* slot = ch + (row * nch + c) * N + n;
+    const bool more = k + 1 < nch;
+    const float end = more ? *slot : 0.f;
+    *slot = h;
+    if (more) h = fmaf(fast_exp2(a2 * cS[row * nch + c]), h, end);
+  }
+}
 
 __device__ __forceinline__ float sel4(const float v[4], int k) {
   return k == 0 ? v[0] : k == 1 ? v[1] : k == 2 ? v[2] : v[3];
@@ -294,9 +333,13 @@ __global__ void __launch_bounds__(kBlock) fwd_kernel(FwdArgs a) {
   const bool live = row < R;
   if (!live) row = R - 1;  // keeps the lanes converged for the shuffles; stores nothing
   const int64_t b = row / p.dim, d = row % p.dim, base = row * L;
-  const bool vec = (L & 3) == 0, rev = a.rev, outputs = a.mode != kCheckpoint;
+  const bool vec = (L & 3) == 0, rev = a.rev, outputs = a.mode != kCheckpoint && a.mode != kChunkEnd;
 
-  float a2[NS], h[NS];
+  // This block's L chunk (all of L without a split).
+  const int64_t c = blockIdx.y, nch = a.nch > 1 ? a.nch : 1;
+  const int64_t sb = nch > 1 ? c * a.chunk_steps : 0;
+  const int64_t se = nch > 1 && sb + a.chunk_steps < L ? sb + a.chunk_steps : L;
+  float a2[NS], h[NS], S = 0.f;
   BcRef rb[NS], rc[NS];
   bool nval[NS];
 #pragma unroll
@@ -304,7 +347,7 @@ __global__ void __launch_bounds__(kBlock) fwd_kernel(FwdArgs a) {
     const int64_t n = static_cast<int64_t>(j) * NS + i;
     nval[i] = n < N;
     a2[i] = nval[i] ? p.A[d * N + n] * kLog2e : 0.f;
-    h[i] = (nval[i] && p.h0) ? p.h0[row * N + n] : 0.f;
+    h[i] = chunk_entry(a, row, n, nval[i], c);
     rb[i] = bc_ref(p.B, p.groups_b, b, d, n, nval[i], p);
     rc[i] = bc_ref(p.C, p.groups_c, b, d, n, nval[i], p);
   }
@@ -313,11 +356,12 @@ __global__ void __launch_bounds__(kBlock) fwd_kernel(FwdArgs a) {
 
   // Software pipeline: the next tile's loads are in flight while this one is computed.
   FwdTile<T, NS> cur, nxt;
-  fwd_load<T, NS>(cur, p, base, rb, rc, nval, 0, L < 4 ? static_cast<int>(L) : 4, rev, vec, outputs);
-  for (int64_t s0 = 0; s0 < L; s0 += 4) {
-    const int cnt = L - s0 < 4 ? static_cast<int>(L - s0) : 4;
-    if (s0 + 4 < L) {
-      const int64_t rest = L - s0 - 4;
+  fwd_load<T, NS>(cur, p, base, rb, rc, nval, sb, se - sb < 4 ? static_cast<int>(se - sb) : 4, rev, vec,
+                  outputs);
+  for (int64_t s0 = sb; s0 < se; s0 += 4) {
+    const int cnt = se - s0 < 4 ? static_cast<int>(se - s0) : 4;
+    if (s0 + 4 < se) {
+      const int64_t rest = se - s0 - 4;
       fwd_load<T, NS>(nxt, p, base, rb, rc, nval, s0 + 4, rest < 4 ? static_cast<int>(rest) : 4, rev,
                       vec, outputs);
     }
@@ -333,6 +377,7 @@ __global__ void __launch_bounds__(kBlock) fwd_kernel(FwdArgs a) {
     for (int k = 0; k < 4; ++k) {
       y4[k] = 0.f;
       if (k < cnt) {
+        S += sc.dt[k];
         const float du = sc.dt[k] * cur.u[k];
         float y = 0.f;
 #pragma unroll
@@ -363,12 +408,20 @@ __global__ void __launch_bounds__(kBlock) fwd_kernel(FwdArgs a) {
     }
     cur = nxt;
   }
-  if (a.last && live) {
+  if (a.mode == kChunkEnd) {
+    if (live) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i)
+        if (nval[i]) a.chunk_h[(row * nch + c) * N + j * NS + i] = h[i];
+      if (j == 0) a.chunk_S[row * nch + c] = S;
+    }
+  } else if (a.last && live && c == nch - 1) {
 #pragma unroll
     for (int i = 0; i < NS; ++i)
       if (nval[i]) a.last[row * N + j * NS + i] = h[i];
   }
 }
+
 
 struct BwdArgs {
   SsProblem p;
@@ -395,6 +448,15 @@ struct BwdArgs {
   float* pdD;             // (batch, ndir, D)
   float* pdbias;          // (batch, ndir, D)
   float* pdh0;            // (ndir, R, N)
+  // The backward's L split (staged backward; SsPlan::bnch > 1): chunk c = blockIdx.y +
+  // chunk_base walks the tiles of walking-order steps [c * chunk_steps, (c + 1) * chunk_steps)
+  // backwards, entering with chunk_g[row][c][.] instead of dlast. chunk_end (phase A): the
+  // adjoint alone from g = 0, writing g and the sum of dt at the chunk's start. The per-row
+  // partials (pdA, pdD, pdbias) get a leading chunk index; chunk 0 writes dh0.
+  int64_t nch, chunk_steps, chunk_base;
+  float* chunk_g;         // (R, nch, N)
+  float* chunk_S;         // (R, nch)
+  bool chunk_end;
 };
 
 template <class T, int NS>

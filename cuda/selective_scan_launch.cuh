@@ -15,11 +15,11 @@ namespace ssk {
 inline char* at(void* scratch, size_t off) { return static_cast<char*>(scratch) + off; }
 
 template <class T, int NS>
-cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
+cudaError_t launch_fwd(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t threads = a.p.batch * a.p.dim * a.P;
   const int64_t blocks = (threads + kBlock - 1) / kBlock;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  fwd_kernel<T, NS><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(a);
+  fwd_kernel<T, NS><<<dim3(static_cast<unsigned>(blocks), chunks), kBlock, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -28,20 +28,43 @@ cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
 // JAX_SELSCAN_SS_FWD=rows forces round 1 (read per launch, for comparisons). (Round 2, the
 // in-warp scan "tiles" kernel, measured 12x its prediction and was removed: see
 // docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md.)
-inline bool use_staged(const FwdArgs& a) {
-  const char* e = std::getenv("JAX_SELSCAN_SS_FWD");
-  return staged_ok(a.p) && !(e && std::strcmp(e, "rows") == 0);
-}
+// (The same choice as ss_fwd_staged, which the plan's L split is sized for.)
+inline bool use_staged(const FwdArgs& a) { return ss_fwd_staged(a.p); }
 
+// One launch over `chunks` L chunks (1 without a split).
 template <class T>
-cudaError_t fwd(const FwdArgs& a, int NS, cudaStream_t stream) {
-  if (use_staged(a)) return fwd_staged<T>(a, stream);
+cudaError_t fwd_launch(const FwdArgs& a, int NS, int chunks, cudaStream_t stream) {
+  if (use_staged(a)) return fwd_staged<T>(a, chunks, stream);
   switch (NS) {
-    case 1: return launch_fwd<T, 1>(a, stream);
-    case 2: return launch_fwd<T, 2>(a, stream);
-    case 4: return launch_fwd<T, 4>(a, stream);
+    case 1: return launch_fwd<T, 1>(a, chunks, stream);
+    case 2: return launch_fwd<T, 2>(a, chunks, stream);
+    case 4: return launch_fwd<T, 4>(a, chunks, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+// A forward walk (any mode but kChunkEnd), split along L when the plan says so: phase A
+// (kChunkEnd) on chunks 0 .. nch-2, the carries, then the walk itself on every chunk.
+// Phase A depends only on the problem, so a checkpoint sweep split the same way as the
+// forward that saved checkpoints reproduces them bitwise.
+template <class T>
+cudaError_t fwd(FwdArgs a, const SsPlan& plan, void* scratch, cudaStream_t stream) {
+  a.nch = plan.nch;
+  a.chunk_steps = plan.chunk_steps;
+  if (plan.nch <= 1) return fwd_launch<T>(a, plan.NS, 1, stream);
+  a.chunk_h = reinterpret_cast<float*>(at(scratch, plan.chunk_h));
+  a.chunk_S = reinterpret_cast<float*>(at(scratch, plan.chunk_S));
+  FwdArgs pa = a;
+  pa.mode = kChunkEnd;
+  pa.last = nullptr;
+  pa.ckpt = nullptr;
+  cudaError_t err = fwd_launch<T>(pa, plan.NS, static_cast<int>(plan.nch - 1), stream);
+  if (err != cudaSuccess) return err;
+  const int64_t carries = a.p.batch * a.p.dim * a.p.N;
+  chunk_carry<<<static_cast<unsigned>((carries + 255) / 256), 256, 0, stream>>>(a.p, a.nch, a.chunk_h, a.chunk_S,
+                                                                               a.p.h0, false);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  return fwd_launch<T>(a, plan.NS, static_cast<int>(plan.nch), stream);
 }
 
 template <class T, int NS>
@@ -89,7 +112,7 @@ cudaError_t forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cu
     a.rev = p.direction == 1;
     a.last = a.rev ? o.last_rev : o.last_fwd;
     a.ckpt = ckpt_of(a.rev);
-    return fwd<T>(a, plan.NS, stream);
+    return fwd<T>(a, plan, scratch, stream);
   }
   // Bidirectional: the reverse pass parks its y in float32, the forward pass adds it.
   a.ybuf = reinterpret_cast<float*>(at(scratch, plan.ybuf));
@@ -97,13 +120,37 @@ cudaError_t forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cu
   a.rev = true;
   a.last = o.last_rev;
   a.ckpt = ckpt_of(true);
-  cudaError_t err = fwd<T>(a, plan.NS, stream);
+  cudaError_t err = fwd<T>(a, plan, scratch, stream);
   if (err != cudaSuccess) return err;
   a.mode = kAddY;
   a.rev = false;
   a.last = o.last_fwd;
   a.ckpt = ckpt_of(false);
-  return fwd<T>(a, plan.NS, stream);
+  return fwd<T>(a, plan, scratch, stream);
+}
+
+// The staged backward of one direction, split along L when the plan says so: phase A (the
+// adjoint alone) on chunks 1 .. bnch-1, the carries downwards from dlast, then the backward
+// itself on every chunk.
+template <class T>
+cudaError_t bwd_staged_split(BwdArgs b, const SsPlan& plan, void* scratch, cudaStream_t stream) {
+  b.nch = plan.bnch;
+  b.chunk_steps = plan.bchunk_steps;
+  b.chunk_base = 0;
+  b.chunk_end = false;
+  if (plan.bnch <= 1) return bwd_staged<T>(b, 1, stream);
+  b.chunk_g = reinterpret_cast<float*>(at(scratch, plan.bchunk_g));
+  b.chunk_S = reinterpret_cast<float*>(at(scratch, plan.bchunk_S));
+  BwdArgs pa = b;
+  pa.chunk_end = true;
+  pa.chunk_base = 1;
+  cudaError_t err = bwd_staged<T>(pa, static_cast<int>(plan.bnch - 1), stream);
+  if (err != cudaSuccess) return err;
+  const int64_t carries = b.p.batch * b.p.dim * b.p.N;
+  chunk_carry<<<static_cast<unsigned>((carries + 255) / 256), 256, 0, stream>>>(b.p, b.nch, b.chunk_g, b.chunk_S,
+                                                                               b.dlast, true);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  return bwd_staged<T>(b, static_cast<int>(plan.bnch), stream);
 }
 
 template <class T>
@@ -153,18 +200,19 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
       b.ckpt = io.ckpt + (ndir == 2 && rev ? plan.K * p.N : 0);
     } else {
       f.rev = rev;
-      err = fwd<T>(f, plan.NS, stream);
+      err = fwd<T>(f, plan, scratch, stream);
       if (err != cudaSuccess) return err;
     }
     b.rev = rev;
     b.dir = k;
     b.phase = ndir == 1 ? 0 : k + 1;
     b.dlast = rev ? io.dlast_rev : io.dlast_fwd;
-    err = plan.staged_bwd ? bwd_staged<T>(b, stream) : bwd<T>(b, plan.NS, stream);
+    err = plan.staged_bwd ? bwd_staged_split<T>(b, plan, scratch, stream) : bwd<T>(b, plan.NS, stream);
     if (err != cudaSuccess) return err;
   }
   const int64_t R = p.batch * p.dim, Dm = p.dim, N = p.N, bn = p.batch * ndir;
-  cudaError_t err = reduce(b.pdA, io.dA, 1, bn, Dm * N, stream);
+  const int64_t bnc = bn * plan.bnch;  // per-row partials: (chunk, batch, direction, ...)
+  cudaError_t err = reduce(b.pdA, io.dA, 1, bnc, Dm * N, stream);
   if (err == cudaSuccess) {
     if (p.groups_b)
       err = reduce(b.pdB, io.dB, p.batch * p.groups_b, (Dm / p.groups_b / plan.CB) * ndir, N * p.L, stream);
@@ -177,8 +225,8 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
     else
       err = reduce(b.pdC, io.dC, 1, bn, Dm * N, stream);
   }
-  if (err == cudaSuccess) err = reduce(b.pdD, io.dD, 1, bn, Dm, stream);
-  if (err == cudaSuccess) err = reduce(b.pdbias, io.ddelta_bias, 1, bn, Dm, stream);
+  if (err == cudaSuccess) err = reduce(b.pdD, io.dD, 1, bnc, Dm, stream);
+  if (err == cudaSuccess) err = reduce(b.pdbias, io.ddelta_bias, 1, bnc, Dm, stream);
   if (err == cudaSuccess && b.pdh0) err = reduce(b.pdh0, io.dh0, 1, ndir, R * N, stream);
   return err;
 }

@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   const int tid = threadIdx.x;
   const bool rev = a.rev, vec = (L & 3) == 0;
   const int mode = a.mode;
-  const bool outputs = mode != kCheckpoint;
+  const bool outputs = mode != kCheckpoint && mode != kChunkEnd;  // y, out, z and C
   const T* u = static_cast<const T*>(p.u);
   const T* de = static_cast<const T*>(p.delta);
   const T* z = outputs ? static_cast<const T*>(p.z) : nullptr;
@@ -167,15 +167,19 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   const bool rlive = d0 + r < Dm;
   const int64_t d = rlive ? d0 + r : Dm - 1;
   const int64_t row = b * Dm + d;
-  float a2[NS], h[NS];
+  // This block's L chunk: tiles [kb, ke) in walking order (all of them without a split).
+  const int64_t c = blockIdx.y, nch = a.nch > 1 ? a.nch : 1;
+  const int64_t ntiles = (L + kST - 1) / kST;
+  const int64_t kb = nch > 1 ? c * (a.chunk_steps / kST) : 0;
+  const int64_t ke = nch > 1 && kb + a.chunk_steps / kST < ntiles ? kb + a.chunk_steps / kST : ntiles;
+  float a2[NS], h[NS], S = 0.f;
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
     const int64_t n = q * NS + s;
     a2[s] = n < N ? p.A[d * N + n] * kLog2e : 0.f;
-    h[s] = (n < N && p.h0) ? p.h0[row * N + n] : 0.f;
+    h[s] = chunk_entry(a, row, n, n < N, c);
   }
 
-  const int64_t ntiles = (L + kST - 1) / kST;
   const TileMap tm{L, rev};
   auto load_vec = [&](const T* src, int64_t t, Raw4<T>& v) { load_raw4(src, t, L, vec, v); };
 
@@ -250,11 +254,11 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     }
   };
 
-  load_tile(0);
-  for (int64_t k = 0; k < ntiles; ++k) {
-    float* buf = smem + (k & 1) * BUF;
+  load_tile(kb);
+  for (int64_t k = kb; k < ke; ++k) {
+    float* buf = smem + ((k - kb) & 1) * BUF;
     stage_tile(k, buf);
-    if (k + 1 < ntiles) load_tile(k + 1);
+    if (k + 1 < ke) load_tile(k + 1);
     __syncthreads();
 
     // The walk through the tile's steps; slot j is step j. Per group of kG steps the P
@@ -297,7 +301,8 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     } else {
 #pragma unroll
       for (int j = 0; j < kST; ++j) {
-        if (j % kCk == 0) {
+        if (mode == kChunkEnd) S += X[j].x;  // padding steps have dt = 0
+        else if (j % kCk == 0) {
           const int64_t s = k * kST + j;
           if (s < L && rlive) {
 #pragma unroll
@@ -343,7 +348,14 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       }
     }
   }
-  if (a.last && rlive) {
+  if (mode == kChunkEnd) {
+    if (rlive) {
+#pragma unroll
+      for (int s = 0; s < NS; ++s)
+        if (q * NS + s < N) a.chunk_h[(row * nch + c) * N + q * NS + s] = h[s];
+      if (q == 0) a.chunk_S[row * nch + c] = S;
+    }
+  } else if (a.last && rlive && c == nch - 1) {
 #pragma unroll
     for (int s = 0; s < NS; ++s)
       if (q * NS + s < N) a.last[row * N + q * NS + s] = h[s];
@@ -351,7 +363,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 }
 
 template <class T, int P, int NS>
-cudaError_t launch_staged(const FwdArgs& a, cudaStream_t stream) {
+cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const size_t smem = 2 * sizeof(float) * staged_buf_floats(P * NS);
@@ -359,7 +371,7 @@ cudaError_t launch_staged(const FwdArgs& a, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kern<<<static_cast<unsigned>(blocks), kSRows * P, smem, stream>>>(a);
+  kern<<<dim3(static_cast<unsigned>(blocks), chunks), kSRows * P, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -393,17 +405,18 @@ int staged_blocks_per_sm() {
 // element) unless 8 lanes of 2 fill the GPU's last wave clearly better (e.g. 12288 rows:
 // 384 blocks fill 73% of the 528 slots of 4 blocks/SM, but 97% of the 396 slots of the
 // 8-lane blocks, which fit 3 per SM). More states: as many lanes as N needs.
+// `chunks`: the grid's L chunks (blockIdx.y): a.nch, or a.nch - 1 for phase A of the split.
 template <class T>
-cudaError_t fwd_staged(const FwdArgs& a, cudaStream_t stream) {
+cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t N = a.p.N;
-  if (N > 64) return launch_staged<T, 16, 8>(a, stream);
-  if (N > 32) return launch_staged<T, 8, 8>(a, stream);
-  if (N > 16) return launch_staged<T, 8, 4>(a, stream);
-  const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
+  if (N > 64) return launch_staged<T, 16, 8>(a, chunks, stream);
+  if (N > 32) return launch_staged<T, 8, 8>(a, chunks, stream);
+  if (N > 16) return launch_staged<T, 8, 4>(a, chunks, stream);
+  const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows) * chunks;
   const double f4 = wave_fill(blocks, staged_blocks_per_sm<T, 4, 4>());
   const double f8 = wave_fill(blocks, staged_blocks_per_sm<T, 8, 2>());
-  if (f8 > f4 + 0.05) return launch_staged<T, 8, 2>(a, stream);
-  return launch_staged<T, 4, 4>(a, stream);
+  if (f8 > f4 + 0.05) return launch_staged<T, 8, 2>(a, chunks, stream);
+  return launch_staged<T, 4, 4>(a, chunks, stream);
 }
 
 }  // namespace ssk

@@ -70,17 +70,26 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   // Walking lane: row r, states q*NS ...
   const int r = tid / P, q = tid % P;
   const int64_t d = d0 + r, row = b * Dm + d;
-  float an[NS], a2[NS], g[NS], accA[NS];
+  // This block's L chunk: tiles [kb, ke) in walking order, walked backwards (all of them
+  // without a split).
+  const int64_t ntiles = (L + kST - 1) / kST;
+  const int64_t lc = blockIdx.y + a.chunk_base, nch = a.nch > 1 ? a.nch : 1;
+  const int64_t kb = nch > 1 ? lc * (a.chunk_steps / kST) : 0;
+  const int64_t ke = nch > 1 && kb + a.chunk_steps / kST < ntiles ? kb + a.chunk_steps / kST : ntiles;
+  float an[NS], a2[NS], g[NS], accA[NS], S = 0.f;
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
     const int64_t n = q * NS + s;
     an[s] = n < N ? p.A[d * N + n] : 0.f;
     a2[s] = an[s] * kLog2e;
-    g[s] = (n < N && a.dlast) ? a.dlast[row * N + n] : 0.f;
+    g[s] = 0.f;
+    if (n < N && !a.chunk_end) {
+      if (nch > 1) g[s] = a.chunk_g[(row * nch + lc) * N + n];
+      else if (a.dlast) g[s] = a.dlast[row * N + n];
+    }
     accA[s] = 0.f;
   }
 
-  const int64_t ntiles = (L + kST - 1) / kST;
   const TileMap tm{L, rev};
   auto slot = [&](int i) { return tm.slot(i); };
   auto load_vec = [&](const T* src, int64_t t, Raw4<T>& v) { load_raw4(src, t, L, vec, v); };
@@ -165,11 +174,11 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
 
   // No register prefetch here (the walk's chunk registers need the room): each tile is
   // loaded when it is staged; the other blocks on the SM cover the wait.
-  for (int64_t k = ntiles - 1; k >= 0; --k) {
+  for (int64_t k = ke - 1; k >= kb; --k) {
     __syncthreads();  // the previous tile's write-out has read the shared buffers
     load_tile(k);
     // The tile's checkpoints (state entering each 8-step chunk), [row][chunk][state].
-    for (int o = tid; o < kSRows * (kST / kBC) * NP; o += NT) {
+    for (int o = tid; o < kSRows * (kST / kBC) * NP && !a.chunk_end; o += NT) {
       const int rr = o / ((kST / kBC) * NP), c = (o / NP) % (kST / kBC), n = o % NP;
       const int64_t s0 = k * kST + c * kBC;
       HK[o] = (s0 < L && n < N) ? a.ckpt[(b * Dm + d0 + rr) * a.ck_row + (s0 / kCk) * N + n] : 0.f;
@@ -179,6 +188,21 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
 
     const float4* X = XA + r * kSX;
     const float* BCr = BCs + 2 * q * NS;
+    if (a.chunk_end) {  // phase A of the L split: the adjoint alone (padding: dt = dy = 0)
+#pragma unroll 4
+      for (int j = kST - 1; j >= 0; --j) {
+        const float4 x = X[j];
+        const float* bc = BCr + j * NP * 2;
+        S += x.x;
+#pragma unroll
+        for (int s = 0; s < NS; s += 2) {
+          const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s);
+          g[s] = fast_exp2(x.x * a2[s]) * fmaf(v.y, x.z, g[s]);
+          g[s + 1] = fast_exp2(x.x * a2[s + 1]) * fmaf(v.w, x.z, g[s + 1]);
+        }
+      }
+      continue;
+    }
 #pragma unroll 1
     for (int c = kST / kBC - 1; c >= 0; --c) {
       const int j0 = c * kBC;
@@ -323,15 +347,22 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     }
   }
 
+  if (a.chunk_end) {
+#pragma unroll
+    for (int s = 0; s < NS; ++s)
+      if (q * NS + s < N) a.chunk_g[(row * nch + lc) * N + q * NS + s] = g[s];
+    if (q == 0) a.chunk_S[row * nch + lc] = S;
+    return;
+  }
   // Per-row partials: dA, dh0 from the walking lanes; dD, ddelta_bias from the write-out
   // threads (8 consecutive lanes share a row: summed by xor shuffles in a fixed order).
-  const int64_t pslot = (b * a.ndir + a.dir) * Dm + d;
+  const int64_t pslot = ((lc * p.batch + b) * a.ndir + a.dir) * Dm + d;
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
     const int64_t n = q * NS + s;
     if (n >= N) continue;
     a.pdA[pslot * N + n] = accA[s];
-    if (a.pdh0) a.pdh0[(a.dir * R + row) * N + n] = g[s];
+    if (a.pdh0 && lc == 0) a.pdh0[(a.dir * R + row) * N + n] = g[s];
   }
 #pragma unroll
   for (int m = 0; m < VPT; ++m) {
@@ -343,7 +374,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     }
     const int v = tid + m * NT;
     if (v < kSVec && (v % (kST / 4)) == 0) {
-      const int64_t ps = (b * a.ndir + a.dir) * Dm + d0 + v / (kST / 4);
+      const int64_t ps = ((lc * p.batch + b) * a.ndir + a.dir) * Dm + d0 + v / (kST / 4);
       if (a.pdD) a.pdD[ps] = sD;
       if (a.pdbias) a.pdbias[ps] = sB;
     }
@@ -351,7 +382,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
 }
 
 template <class T, int P, int NS>
-cudaError_t launch_staged_bwd(const BwdArgs& a, cudaStream_t stream) {
+cudaError_t launch_staged_bwd(const BwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * (a.p.dim / kSRows);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const size_t smem = sizeof(float) * sbwd_floats(P * NS);
@@ -359,13 +390,14 @@ cudaError_t launch_staged_bwd(const BwdArgs& a, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kern<<<static_cast<unsigned>(blocks), kSRows * P, smem, stream>>>(a);
+  kern<<<dim3(static_cast<unsigned>(blocks), chunks), kSRows * P, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
+// `chunks`: the grid's L chunks (blockIdx.y), from chunk a.chunk_base.
 template <class T>
-cudaError_t bwd_staged(const BwdArgs& a, cudaStream_t stream) {
-  return launch_staged_bwd<T, 4, 4>(a, stream);
+cudaError_t bwd_staged(const BwdArgs& a, int chunks, cudaStream_t stream) {
+  return launch_staged_bwd<T, 4, 4>(a, chunks, stream);
 }
 
 }  // namespace ssk

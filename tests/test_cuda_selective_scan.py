@@ -184,6 +184,55 @@ def test_forward_kernel_choices_agree(kernel, monkeypatch):
     assert rel_err(last, wlast) < 1e-4
 
 
+# The L split (docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md 5.5), forced with JAX_SELSCAN_SS_FWD_CHUNKS
+# (read when a call is planned, not at trace time): chunks of whole 32-step tiles with a partial
+# last one, both forward kernels, every direction; outputs and last states against the float64
+# reference, and the gradients, whose checkpoints then come from the split forward (and, with
+# JAX_SELSCAN_SS_FWD_CKPT=0, from the backward's sweep split the same way). A slow decay makes
+# the carries between chunks matter. JAX_SELSCAN_SS_BWD_CHUNKS splits the staged backward.
+SPLIT_CASES = [((2, 64, 300, 16), "variable", "variable", F32),    # staged
+               ((1, 32, 333, 16), "grouped", "variable", BF16),    # staged, L % 4 != 0
+               ((2, 8, 300, 16), "invariant", "grouped", F32)]     # round 1
+
+
+@pytest.mark.parametrize("chunks", [2, 5])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_forward_l_split(case, direction, chunks, monkeypatch):
+    (b, D, L, N), bk, ck, dtype = case
+    rng = rng_for("split", case, direction, chunks)
+    x = make_inputs(rng, b, D, L, N, b_kind=bk, c_kind=ck, groups=1, dtype=dtype)
+    x["A"] = x["A"] * 0.05
+    kw = dict(delta_softplus=True, return_last_state=True, direction=direction)
+    fwd = lambda: jax.jit(lambda x: selective_scan(**x, **kw))(x)
+    tup = lambda v: v if isinstance(v, tuple) else (v,)
+    _, whole_last = fwd()
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CHUNKS", str(chunks))
+    got, last = fwd()
+    want, wlast = ref_np(x, **kw)
+    # the split ran (the carries round differently from the step-by-step walk: visible in the
+    # float32 last states; a 16-bit output can round to the same bits) and is right
+    assert any(not np.array_equal(np.asarray(g), np.asarray(w)) for g, w in zip(tup(last), tup(whole_last)))
+    assert rel_err(got, want) < FWD_TOL[dtype]
+    for g, w in zip(tup(last), tup(wlast)):
+        assert rel_err(g, w) < 1e-4
+    # The backward: its checkpoints from the split walk, and (staged cases) its own split too.
+    kw["return_last_state"] = False
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    want_g = _grads(selective_scan_ref, to64(x), kw, cot)
+    grads = lambda: jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
+    monkeypatch.delenv("JAX_SELSCAN_SS_FWD_CHUNKS")
+    whole_g = grads()
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CHUNKS", str(chunks))
+    monkeypatch.setenv("JAX_SELSCAN_SS_BWD_CHUNKS", str(chunks))
+    for saved in ("1", "0"):
+        monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CKPT", saved)
+        got_g = grads()
+        assert any(not np.array_equal(np.asarray(got_g[k]), np.asarray(whole_g[k])) for k in got_g)
+        for k in got_g:
+            assert rel_err(got_g[k], want_g[k]) < GRAD_TOL[dtype], (saved, k, rel_err(got_g[k], want_g[k]))
+
+
 def test_mixed_dtypes_use_kernel():
     x = make_inputs(rng_for("mixed"), 2, 8, 40, 16, dtype=BF16)
     x["delta"] = x["delta"].astype(F32)  # mixed activations: computed in float32

@@ -7,9 +7,12 @@ states), the reduce-scatter of per-lane partial sums over 8-step groups (which l
 which half, which step it finally holds), the write-out through the slots; for the backward,
 tiles and 8-step chunks walked last to first from the checkpoints, the adjoint in two halves
 (steps 7..4, then 3..0) with the dB/dC sums over the block's rows after each half, and the
-write-out of du, ddelta, dz. Rows share B and C, as in a block. Runs in CI without a GPU.
+write-out of du, ddelta, dz; the L split of both (phase A on chunks of whole tiles, the
+carries folded upwards for the forward and downwards for the adjoint, phase C from the
+entering values, per-chunk partials). Rows share B and C, as in a block. Runs in CI without a GPU.
 Every test first shows that a deliberately broken variant (no slot reversal, the forward's tile
-windows in reverse, the reduce-scatter keeping the wrong half, the halves in the wrong order) is caught.
+windows in reverse, the reduce-scatter keeping the wrong half, the halves in the wrong order, a
+carry adding before decaying or using another chunk's decay, dh0 from the wrong chunk) is caught.
 """
 from __future__ import annotations
 
@@ -62,17 +65,21 @@ def windows(L, k, rev, broken=None):
     return t0, slot
 
 
-def staged_forward(rows, B, C, P, rev=False, broken=None):
-    """Mirror of fwd_staged_kernel (mode kFinal) for one block of rows sharing B and C."""
+def staged_forward(rows, B, C, P, rev=False, broken=None, tiles=None, h_init=None, chunk_end=False):
+    """Mirror of fwd_staged_kernel for one block of rows sharing B and C: mode kFinal over the
+    walking-order tiles [kb, ke) (all by default) from h_init (h0 by default); chunk_end: mode
+    kChunkEnd, which also returns S, the sum of dt over the walked steps (0 for padding)."""
     R, (N, L) = len(rows), B.shape
     NS, NP = lanes(N, P)
     pad = lambda a: np.concatenate([a, np.zeros(NP - N)])
     Bp, Cp = np.vstack([B, np.zeros((NP - N, L))]), np.vstack([C, np.zeros((NP - N, L))])
     a2 = [pad(x["A"]) * LOG2E for x in rows]
-    h = [pad(x["h0"]) for x in rows]
+    h = [pad(x["h0"] if h_init is None else h_init[r]) for r, x in enumerate(rows)]
+    S = np.zeros(R)
     dts = [dt_of(x) for x in rows]
     out = np.zeros((R, L))
-    for k in range(-(-L // T)):
+    kb, ke = tiles if tiles is not None else (0, -(-L // T))
+    for k in range(kb, ke):
         t0, slot = windows(L, k, rev, broken)
         X, BC = np.zeros((R, T, 4)), np.zeros((T, NP, 2))
         for i in range(T):
@@ -90,6 +97,7 @@ def staged_forward(rows, B, C, P, rev=False, broken=None):
                     j = j0 + gg
                     h[r] = np.exp2(X[r, j, 0] * a2[r]) * h[r] + X[r, j, 1] * BC[j, :, 0]
                     parts[:, gg] = (BC[j, :, 1] * h[r]).reshape(P, NS).sum(1)
+                    S[r] += X[r, j, 0]
                 for jj, val in reduce_scatter(parts, P, broken).items():
                     Y[r, j0 + jj] = val
         for i in range(T):
@@ -97,7 +105,41 @@ def staged_forward(rows, B, C, P, rev=False, broken=None):
             if 0 <= t < L:
                 for r in range(R):
                     out[r, t] = (Y[r, slot(i)] + X[r, slot(i), 2]) * X[r, slot(i), 3]
+    if chunk_end:
+        return out, [hh[:N] for hh in h], S
     return out, [hh[:N] for hh in h]
+
+
+def chunk_tiles(L, nch):
+    """Host side of the L split (ss_plan): tiles per chunk and the chunk count actually used."""
+    ntiles = -(-L // T)
+    tpc = -(-ntiles // nch)
+    return tpc, -(-ntiles // tpc)
+
+
+def chunked_forward(rows, B, C, P, nch, rev=False, broken=None):
+    """Mirror of the forward's L split: phase A (kChunkEnd) on chunks 0 .. n-2 from zero,
+    the carry kernel (chunk_carry), phase C (kFinal) on every chunk from its entering state."""
+    L = B.shape[1]
+    tpc, nch = chunk_tiles(L, nch)
+    tiles = lambda c: (c * tpc, min((c + 1) * tpc, -(-L // T)))
+    zero = [np.zeros_like(x["h0"]) for x in rows]
+    ends = [staged_forward(rows, B, C, P, rev, tiles=tiles(c), h_init=zero, chunk_end=True)
+            for c in range(nch - 1)]
+    h_in, h = [], [x["h0"].copy() for x in rows]
+    for c in range(nch):
+        h_in.append([hh.copy() for hh in h])
+        if c == nch - 1:
+            break
+        cs = c + 1 if (broken == "carry_next" and c + 2 < nch) else c  # another chunk's decay
+        for r, x in enumerate(rows):
+            decay = np.exp2(x["A"] * LOG2E * ends[cs][2][r])
+            h[r] = decay * (h[r] + ends[c][1][r]) if broken == "carry_order" else decay * h[r] + ends[c][1][r]
+    out, last = np.zeros((len(rows), L)), None
+    for c in range(nch):
+        o, last = staged_forward(rows, B, C, P, rev, tiles=tiles(c), h_init=h_in[c])
+        out += o  # each time step belongs to exactly one chunk
+    return out, last
 
 
 def block(rng, R, L, N):
@@ -129,8 +171,33 @@ def test_staged_forward_mirror(P, rev, L):
     assert close(staged_forward(rows, B, C, P, rev))
 
 
-def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None):
-    """Mirror of the checkpoint sweep + bwd_staged_kernel (one direction, phase 0)."""
+@pytest.mark.parametrize("nch", [2, 3, 5])
+@pytest.mark.parametrize("rev", [False, True])
+@pytest.mark.parametrize("L", [77, 200])
+def test_chunked_forward_mirror(nch, rev, L):
+    rng = np.random.default_rng(11 * L + nch + rev)
+    rows, B, C = block(rng, 2, L, N=5)
+    for x in rows:  # slow decay: a chunk's entering state still matters chunks later
+        x["A"] = x["A"] * 0.02
+    want = [sequential(x, rev) for x in rows]
+
+    def close(res):
+        out, last = res
+        return all(np.allclose(out[r], want[r][0], rtol=1e-9, atol=1e-9) and
+                   np.allclose(last[r], want[r][1], rtol=1e-9, atol=1e-9) for r in range(len(rows)))
+
+    assert chunk_tiles(L, nch)[1] > 1
+    assert not close(chunked_forward(rows, B, C, 4, nch, rev, broken="carry_order"))
+    if chunk_tiles(L, nch)[1] > 2:
+        assert not close(chunked_forward(rows, B, C, 4, nch, rev, broken="carry_next"))
+    assert close(chunked_forward(rows, B, C, 4, nch, rev))
+
+
+def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None, tiles=None, g_init=None,
+                    chunk_end=False):
+    """Mirror of the checkpoint sweep + bwd_staged_kernel (one direction, phase 0) over the
+    walking-order tiles [kb, ke) (all by default), walked backwards from g_init (dlast by
+    default); chunk_end: phase A of the L split, the adjoint alone, returning (g, S)."""
     R, (N, L) = len(rows), B.shape
     NS, NP = lanes(N, P)
     pad = lambda a: np.concatenate([a, np.zeros(NP - N)])
@@ -148,12 +215,14 @@ def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None):
                 ck[r, s // CK] = h
             t = tmap(s)
             h = np.exp2(dts[r][t] * a2[r]) * h + dts[r][t] * x["u"][t] * Bp[:, t]
-    g = [pad(d) for d in dlast]
+    g = [pad(d) for d in (dlast if g_init is None else g_init)]
+    S = np.zeros(R)
     accA = [np.zeros(NP) for _ in rows]
     dB, dC = np.zeros((N, L)), np.zeros((N, L))
     du, ddr, dz = np.zeros((R, L)), np.zeros((R, L)), np.zeros((R, L))
     dD, dbias = np.zeros(R), np.zeros(R)
-    for k in range(-(-L // T) - 1, -1, -1):
+    kb, ke = tiles if tiles is not None else (0, -(-L // T))
+    for k in range(ke - 1, kb - 1, -1):
         t0, slot = windows(L, k, rev)
         XA, XB, BC = np.zeros((R, T, 4)), np.zeros((R, T, 2)), np.zeros((T, NP, 2))
         for i in range(T):
@@ -169,6 +238,13 @@ def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None):
                 dt = dts[r][t]
                 XA[r, slot(i)] = (dt, dt * x["u"][t], dout[r][t] * zz * s, x["u"][t])
                 XB[r, slot(i)] = (sg, dout[r][t] * s * (1.0 + zz * (1.0 - s)))
+        if chunk_end:
+            for j in range(T - 1, -1, -1):
+                for r in range(R):
+                    x = XA[r, j]
+                    g[r] = np.exp2(x[0] * a2[r]) * (g[r] + BC[j, :, 1] * x[2])
+                    S[r] += x[0]
+            continue
         HK = np.array([[ck[r, (k * T + c * CK) // CK] if k * T + c * CK < L else np.zeros(NP)
                         for c in range(T // CK)] for r in range(R)])
         RD, RU, RY = np.zeros((R, T)), np.zeros((R, T)), np.zeros((R, T))
@@ -221,9 +297,69 @@ def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None):
                 dz[r, t] = XB[r, sl, 1] * (RY[r, sl] + x["Dd"] * x["u"][t])
                 dD[r] += XA[r, sl, 2] * x["u"][t]
                 dbias[r] += ddr[r, t]
+    if chunk_end:
+        return [gg[:N] for gg in g], S
     per_row = [dict(u=du[r], draw=ddr[r], A=accA[r][:N], Dd=dD[r], z=dz[r], bias=dbias[r], h0=g[r][:N])
                for r in range(R)]
     return per_row, dB, dC
+
+
+def chunked_backward(rows, B, C, dout, dlast, P, nch, rev=False, broken=None):
+    """Mirror of the staged backward's L split: phase A (the adjoint alone) on chunks 1 .. n-1
+    from zero, the carries downwards from dlast (chunk_carry, descending), the backward on every
+    chunk from its entering adjoint; per-row partials summed over chunks, dh0 from chunk 0."""
+    L = B.shape[1]
+    tpc, nch = chunk_tiles(L, nch)
+    tiles = lambda c: (c * tpc, min((c + 1) * tpc, -(-L // T)))
+    zero = [np.zeros_like(d) for d in dlast]
+    ends = {c: staged_backward(rows, B, C, dout, dlast, P, rev, tiles=tiles(c), g_init=zero, chunk_end=True)
+            for c in range(1, nch)}
+    g_in, g = {}, [d.copy() for d in dlast]
+    for c in range(nch - 1, -1, -1):
+        g_in[c] = [gg.copy() for gg in g]
+        if c == 0:
+            break
+        for r, x in enumerate(rows):
+            decay = np.exp2(x["A"] * LOG2E * ends[c][1][r])
+            g[r] = decay * (g[r] + ends[c][0][r]) if broken == "carry_order" else decay * g[r] + ends[c][0][r]
+    total, dB, dC = None, 0.0, 0.0
+    for c in range(nch):
+        per_row, b, cc = staged_backward(rows, B, C, dout, dlast, P, rev, tiles=tiles(c), g_init=g_in[c])
+        dB, dC = dB + b, dC + cc
+        if total is None:
+            total = per_row
+            continue
+        for r in range(len(rows)):
+            for k in total[r]:
+                if k == "h0":  # the adjoint at the walk's start: chunk 0's
+                    total[r][k] = per_row[r][k] if broken == "dh0_last" else total[r][k]
+                else:
+                    total[r][k] = total[r][k] + per_row[r][k]
+    return total, dB, dC
+
+
+@pytest.mark.parametrize("nch", [2, 3])
+@pytest.mark.parametrize("rev", [False, True])
+def test_chunked_backward_mirror(nch, rev):
+    L = 100  # 4 tiles: chunks of 2 tiles, or 2 + 2 (three asked: tiles per chunk round up)
+    rng = np.random.default_rng(900 + nch + rev)
+    rows, B, C = block(rng, 2, L, N=3)
+    for x in rows:  # slow decay: the carried adjoint matters
+        x["A"] = x["A"] * 0.02
+    dout = [rng.standard_normal(L) for _ in rows]
+    dlast = [rng.standard_normal(3) for _ in rows]
+    want = staged_backward(rows, B, C, dout, dlast, 4, rev)  # the unsplit mirror, checked below
+
+    def close(res):
+        per_row, dB, dC = res
+        ok = np.allclose(dB, want[1], rtol=1e-9, atol=1e-9) and np.allclose(dC, want[2], rtol=1e-9, atol=1e-9)
+        for r, got in enumerate(per_row):
+            ok = ok and all(np.allclose(got[k], want[0][r][k], rtol=1e-9, atol=1e-9) for k in got)
+        return ok
+
+    assert not close(chunked_backward(rows, B, C, dout, dlast, 4, nch, rev, broken="carry_order"))
+    assert not close(chunked_backward(rows, B, C, dout, dlast, 4, nch, rev, broken="dh0_last"))
+    assert close(chunked_backward(rows, B, C, dout, dlast, 4, nch, rev))
 
 
 @pytest.mark.parametrize("P", [4, 8])

@@ -151,6 +151,21 @@ int main() {
   // The staged forward: a partial 32-row block with aligned bf16 vectors; 16 lanes per row.
   bad += run<__nv_bfloat16>(jss::SsDType::BF16, 2, 40, 64, 16, 1, 1, 1, true);
   bad += run<float>(jss::SsDType::F32, 1, 32, 35, 128, 1, 1, 2, true);
+  // The L split forced (3 chunks of whole 32-step tiles, the last partial): both forward
+  // kernels; the backward's checkpoint sweep is split the same way, so the saved-checkpoint
+  // gradients must still match it bitwise.
+  setenv("JAX_SELSCAN_SS_FWD_CHUNKS", "3", 1);
+  for (int dir = 0; dir < 3; ++dir) {
+    bad += run<float>(jss::SsDType::F32, 2, 64, 300, 16, 1, 2, dir, true);
+    bad += run<float>(jss::SsDType::F32, 1, 12, 300, 5, 0, 3, dir, true);
+  }
+  bad += run<__nv_bfloat16>(jss::SsDType::BF16, 1, 32, 301, 16, 1, 1, 1, true);
+  // ... and the staged backward's own split (phase A, downward carries, chunked partials).
+  setenv("JAX_SELSCAN_SS_BWD_CHUNKS", "4", 1);
+  for (int dir = 0; dir < 3; ++dir) bad += run<float>(jss::SsDType::F32, 2, 64, 300, 16, 1, 2, dir, true);
+  bad += run<__nv_bfloat16>(jss::SsDType::BF16, 1, 32, 333, 16, 1, 1, 0, true);
+  unsetenv("JAX_SELSCAN_SS_BWD_CHUNKS");
+  unsetenv("JAX_SELSCAN_SS_FWD_CHUNKS");
   std::printf(bad ? "FAILED\n" : "all ok\n");
   return bad ? 1 : 0;
 }
