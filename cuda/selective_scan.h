@@ -133,9 +133,10 @@ bool ss_staged_bwd_ok(const SsProblem& p);
 bool ss_fwd_staged(const SsProblem& p);
 
 // L chunks of the forward walk (1: no split). Split when the row blocks fill at most half of
-// the GPU's block slots (`sms` SMs; 4 staged blocks or 16 round-1 blocks of 128 threads per
-// SM): as many chunks as fill the slots, each at least 256 steps. JAX_SELSCAN_SS_FWD_CHUNKS=n
-// forces n (tests). `lanes`: the round-1 kernel's lanes per row.
+// the GPU's block slots (`sms` SMs; 4 staged blocks per SM), or an eighth of them for the
+// round-1 kernel (16 blocks of 128 threads per SM): as many chunks as fill the slots, each at
+// least 256 steps. JAX_SELSCAN_SS_FWD_CHUNKS=n forces n (tests). `lanes`: the round-1
+// kernel's lanes per row.
 int64_t ss_fwd_chunks(const SsProblem& p, int sms, int lanes);
 // The same for the staged backward (3 blocks per SM); JAX_SELSCAN_SS_BWD_CHUNKS=n forces n.
 int64_t ss_bwd_chunks(const SsProblem& p, int sms);

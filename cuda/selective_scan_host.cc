@@ -75,7 +75,10 @@ int64_t ss_fwd_chunks(const SsProblem& p, int sms, int lanes) {
   const bool staged = ss_fwd_staged(p);
   const int64_t blocks = staged ? p.batch * ((p.dim + 31) / 32) : (p.batch * p.dim * lanes + 127) / 128;
   const int64_t slots = static_cast<int64_t>(sms) * (staged ? 4 : 16);
-  if (2 * blocks > slots) return 1;
+  // Measured on the H200 (PERFORMANCE_SELECTIVE_SCAN_CUDA 5.6): the staged kernel gains from
+  // 160 blocks (of 528 slots) on; the round-1 kernel lost 6-25% when split at 640-768 blocks
+  // of 128 threads, so it splits only grids of at most 2 blocks per SM.
+  if ((staged ? 2 : 8) * blocks > slots) return 1;
   const int64_t n = std::min(slots / blocks, L / 256);
   return n > 1 ? n : 1;
 }
