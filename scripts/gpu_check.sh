@@ -66,9 +66,10 @@ if has build; then
   PIPCMD=($PY -m pip install --no-build-isolation --no-deps -v . -C build-dir=/tmp/jss_build
           -C cmake.define.CMAKE_CUDA_ARCHITECTURES=$ARCH -C cmake.define.JAX_SELSCAN_CUDA=${JSS_CUDA:-ON}
           -C cmake.define.JAX_SELSCAN_CPU=${JSS_CPU:-OFF})
-  # PKG_WHEEL=path: install a wheel built elsewhere instead (e.g. a CPU-only wheel from
-  # `pip wheel . -w .whl_cpu -C cmake.define.JAX_SELSCAN_CUDA=OFF` on an x86-64 machine,
-  # carried: building the CPU extension here took > 3 minutes of device time)
+  # PKG_WHEEL=path: install a wheel built elsewhere instead (e.g. from `pip wheel . -w .whl_full
+  # -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90` on an x86-64 machine with nvcc, carried:
+  # building here takes minutes of device time). Build it in a Python 3.12 venv with jax 0.10.x:
+  # a wheel built against jax 0.12's FFI headers (API 0.5) stops jax 0.11 (API 0.4) from starting.
   [[ -n "${PKG_WHEEL:-}" ]] && PIPCMD=($PY -m pip install --no-deps --force-reinstall "$PKG_WHEEL")
   ( t0=$(date +%s); timeout 420 "${PIPCMD[@]}" > "$LOGS/build.log" 2>&1; rc=$?
     echo "=== build rc=$rc in $(( $(date +%s) - t0 ))s" >> "$LOGS/build.log"; exit $rc ) &
