@@ -107,7 +107,7 @@ struct SsPlan {
   // The forward's L split (also used by the backward's checkpoint sweep): nch chunks of
   // chunk_steps steps (a multiple of 32), or nch = 1. See ss_fwd_chunks.
   int64_t nch = 1, chunk_steps = 0;
-  // The staged backward's own L split (ss_bwd_chunks): bnch chunks of bchunk_steps steps.
+  // The backward's own L split (ss_bwd_chunks): bnch chunks of bchunk_steps steps.
   int64_t bnch = 1, bchunk_steps = 0;
   size_t ybuf = 0, ckpt = 0, pdB = 0, pdC = 0, pdA = 0, pdD = 0, pdbias = 0, pdh0 = 0,
          du_acc = 0, dd_acc = 0, chunk_h = 0, chunk_S = 0, bchunk_g = 0, bchunk_S = 0, total = 0;
@@ -138,7 +138,8 @@ bool ss_fwd_staged(const SsProblem& p);
 // least 256 steps. JAX_SELSCAN_SS_FWD_CHUNKS=n forces n (tests). `lanes`: the round-1
 // kernel's lanes per row.
 int64_t ss_fwd_chunks(const SsProblem& p, int sms, int lanes);
-// The same for the staged backward (3 blocks per SM); JAX_SELSCAN_SS_BWD_CHUNKS=n forces n.
-int64_t ss_bwd_chunks(const SsProblem& p, int sms);
+// The same for the backward (staged: 3 blocks per SM; round 1: `rows_per_block` rows of 128
+// threads, split only at <= 2 blocks per SM); JAX_SELSCAN_SS_BWD_CHUNKS=n forces n.
+int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_block);
 
 }  // namespace jss

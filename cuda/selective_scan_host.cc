@@ -83,13 +83,16 @@ int64_t ss_fwd_chunks(const SsProblem& p, int sms, int lanes) {
   return n > 1 ? n : 1;
 }
 
-int64_t ss_bwd_chunks(const SsProblem& p, int sms) {
+int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_block) {
   if (const char* e = std::getenv("JAX_SELSCAN_SS_BWD_CHUNKS")) {
     const long long n = std::atoll(e);
     if (n >= 1) return n;
   }
-  const int64_t blocks = p.batch * (p.dim / 32), slots = static_cast<int64_t>(sms) * 3;
-  if (blocks < 1 || 2 * blocks > slots) return 1;
+  // Staged: 3 blocks per SM, split at <= half of them; round 1 (128-thread blocks): as its
+  // forward, only grids of at most 2 blocks per SM.
+  const int64_t blocks = p.batch * (p.dim / rows_per_block);
+  const int64_t slots = static_cast<int64_t>(sms) * (staged ? 3 : 2);
+  if (blocks < 1 || (staged ? 2 : 1) * blocks > slots) return 1;
   const int64_t n = std::min(slots / blocks, p.L / 256);
   return n > 1 ? n : 1;
 }
@@ -149,13 +152,13 @@ SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
   while (CB > 1 && bad(CB)) CB /= 2;
   s.staged_bwd = ss_staged_bwd_ok(p);
   s.CB = s.staged_bwd ? 32 : CB;
-  if (s.staged_bwd) split(ss_bwd_chunks(p, device_sms()), &s.bnch, &s.bchunk_steps);
+  split(ss_bwd_chunks(p, device_sms(), s.staged_bwd, s.CB), &s.bnch, &s.bchunk_steps);
   const size_t bn = static_cast<size_t>(s.bnch);  // the per-row partials get a chunk index
   const size_t varsz = static_cast<size_t>(p.batch * (p.dim / CB) * ndir * p.N * p.L);
   const size_t invsz = static_cast<size_t>(p.batch * ndir * p.dim * p.N);
   if (!saved_ckpt) s.ckpt = take(static_cast<size_t>(R * s.K * p.N));
-  s.pdB = take(p.groups_b ? varsz : invsz);
-  s.pdC = take(p.groups_c ? varsz : invsz);
+  s.pdB = take(p.groups_b ? varsz : invsz * bn);
+  s.pdC = take(p.groups_c ? varsz : invsz * bn);
   s.pdA = take(invsz * bn);
   s.pdD = take(static_cast<size_t>(p.batch * ndir * p.dim) * bn);
   s.pdbias = take(static_cast<size_t>(p.batch * ndir * p.dim) * bn);

@@ -448,11 +448,11 @@ struct BwdArgs {
   float* pdD;             // (batch, ndir, D)
   float* pdbias;          // (batch, ndir, D)
   float* pdh0;            // (ndir, R, N)
-  // The backward's L split (staged backward; SsPlan::bnch > 1): chunk c = blockIdx.y +
-  // chunk_base walks the tiles of walking-order steps [c * chunk_steps, (c + 1) * chunk_steps)
-  // backwards, entering with chunk_g[row][c][.] instead of dlast. chunk_end (phase A): the
-  // adjoint alone from g = 0, writing g and the sum of dt at the chunk's start. The per-row
-  // partials (pdA, pdD, pdbias) get a leading chunk index; chunk 0 writes dh0.
+  // The backward's L split (SsPlan::bnch > 1; both backward kernels): chunk c = blockIdx.y +
+  // chunk_base walks walking-order steps [c * chunk_steps, (c + 1) * chunk_steps) backwards,
+  // entering with chunk_g[row][c][.] instead of dlast. chunk_end (phase A): the adjoint alone
+  // from g = 0, writing g and the sum of dt at the chunk's start. The per-row partials (pdA,
+  // pdD, pdbias, time-invariant pdB / pdC) get a leading chunk index; chunk 0 writes dh0.
   int64_t nch, chunk_steps, chunk_base;
   float* chunk_g;         // (R, nch, N)
   float* chunk_S;         // (R, nch)
@@ -482,7 +482,11 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
   float* sB = smem;                       // [kCk][CB][NP]
   float* sC = smem + kCk * CB * NP;
 
-  float an[NS], a2[NS], g[NS], accA[NS], accB[NS], accC[NS];
+  // This block's L chunk (BwdArgs): checkpoint chunks [kb, ke), walked backwards.
+  const int64_t lc = blockIdx.y + a.chunk_base, nch = a.nch > 1 ? a.nch : 1;
+  const int64_t kb = nch > 1 ? lc * (a.chunk_steps / kCk) : 0;
+  const int64_t ke = nch > 1 && kb + a.chunk_steps / kCk < a.K ? kb + a.chunk_steps / kCk : a.K;
+  float an[NS], a2[NS], g[NS], accA[NS], accB[NS], accC[NS], S = 0.f;
   BcRef rb[NS], rc[NS];
   bool nval[NS];
 #pragma unroll
@@ -491,7 +495,11 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
     nval[i] = n < N;
     an[i] = nval[i] ? p.A[d * N + n] : 0.f;
     a2[i] = an[i] * kLog2e;
-    g[i] = (nval[i] && a.dlast) ? a.dlast[row * N + n] : 0.f;
+    g[i] = 0.f;
+    if (nval[i] && !a.chunk_end) {
+      if (nch > 1) g[i] = a.chunk_g[(row * nch + lc) * N + n];
+      else if (a.dlast) g[i] = a.dlast[row * N + n];
+    }
     accA[i] = accB[i] = accC[i] = 0.f;
     rb[i] = bc_ref(p.B, p.groups_b, b, d, n, nval[i], p);
     rc[i] = bc_ref(p.C, p.groups_c, b, d, n, nval[i], p);
@@ -501,13 +509,13 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
   const float dmult = a.ndir == 2 ? 2.f : 1.f;
   float accD = 0.f, accBias = 0.f;
 
-  for (int64_t kc = a.K - 1; kc >= 0; --kc) {
+  for (int64_t kc = ke - 1; kc >= kb; --kc) {
     const int64_t s_begin = kc * kCk;
     const int cnt = L - s_begin < kCk ? static_cast<int>(L - s_begin) : kCk;
     float hst[NS], hs[NS];
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
-      hst[i] = nval[i] ? a.ckpt[row * a.ck_row + kc * N + j * NS + i] : 0.f;
+      hst[i] = (nval[i] && !a.chunk_end) ? a.ckpt[row * a.ck_row + kc * N + j * NS + i] : 0.f;
       hs[i] = hst[i];
     }
     // Recompute the chunk: states H, exponentials E, per-step scalars, y.
@@ -559,6 +567,24 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
         }
         yv[k] = group_sum(y, P, mask);
       }
+    }
+    if (a.chunk_end) {  // phase A of the L split: the adjoint alone (no barrier below is skipped
+                        // by part of the block: chunk_end is uniform)
+#pragma unroll
+      for (int k = kCk - 1; k >= 0; --k) {
+        if (k < cnt) {
+          const int64_t t = tmap(s_begin + k, L, rev);
+          const float dy = gov[k] * gt[k];
+          S += dtv[k];
+#pragma unroll
+          for (int i = 0; i < NS; ++i) {
+            float cvi;
+            if (varC) cvi = nval[i] ? Io<T>::ld(Cp, rc[i].off + t) : 0.f; else cvi = rc[i].inv;
+            g[i] = E[k][i] * fmaf(cvi, dy, g[i]);
+          }
+        }
+      }
+      continue;
     }
     // The adjoint, backwards through the chunk.
 #pragma unroll
@@ -632,7 +658,14 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
       __syncthreads();
     }
   }
-  const int64_t pslot = (b * a.ndir + a.dir) * Dm + d;  // (batch, ndir, D)
+  if (a.chunk_end) {
+#pragma unroll
+    for (int i = 0; i < NS; ++i)
+      if (nval[i]) a.chunk_g[(row * nch + lc) * N + j * NS + i] = g[i];
+    if (j == 0) a.chunk_S[row * nch + lc] = S;
+    return;
+  }
+  const int64_t pslot = ((lc * p.batch + b) * a.ndir + a.dir) * Dm + d;  // (chunk, batch, ndir, D)
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
     if (!nval[i]) continue;
@@ -640,7 +673,7 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
     a.pdA[pslot * N + n] = accA[i];
     if (!varB) a.pdB[pslot * N + n] = accB[i];
     if (!varC) a.pdC[pslot * N + n] = accC[i];
-    if (a.pdh0) a.pdh0[(a.dir * R + row) * N + n] = g[i];
+    if (a.pdh0 && lc == 0) a.pdh0[(a.dir * R + row) * N + n] = g[i];
   }
   accD = group_sum(accD, P, mask);        // each lane summed its own steps
   accBias = group_sum(accBias, P, mask);

@@ -68,20 +68,21 @@ cudaError_t fwd(FwdArgs a, const SsPlan& plan, void* scratch, cudaStream_t strea
 }
 
 template <class T, int NS>
-cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
+cudaError_t launch_bwd(const BwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * (a.p.dim / a.CB);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const size_t smem = 2 * sizeof(float) * kCk * a.CB * a.P * NS;
-  bwd_kernel<T, NS><<<static_cast<unsigned>(blocks), a.CB * a.P, smem, stream>>>(a);
+  bwd_kernel<T, NS><<<dim3(static_cast<unsigned>(blocks), chunks), a.CB * a.P, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
+// `chunks`: the grid's L chunks (blockIdx.y), from chunk a.chunk_base.
 template <class T>
-cudaError_t bwd(const BwdArgs& a, int NS, cudaStream_t stream) {
+cudaError_t bwd(const BwdArgs& a, int NS, int chunks, cudaStream_t stream) {
   switch (NS) {
-    case 1: return launch_bwd<T, 1>(a, stream);
-    case 2: return launch_bwd<T, 2>(a, stream);
-    case 4: return launch_bwd<T, 4>(a, stream);
+    case 1: return launch_bwd<T, 1>(a, chunks, stream);
+    case 2: return launch_bwd<T, 2>(a, chunks, stream);
+    case 4: return launch_bwd<T, 4>(a, chunks, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -129,28 +130,31 @@ cudaError_t forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cu
   return fwd<T>(a, plan, scratch, stream);
 }
 
-// The staged backward of one direction, split along L when the plan says so: phase A (the
-// adjoint alone) on chunks 1 .. bnch-1, the carries downwards from dlast, then the backward
-// itself on every chunk.
+// The backward of one direction (staged or round-1 kernel, as planned), split along L when the
+// plan says so: phase A (the adjoint alone) on chunks 1 .. bnch-1, the carries downwards from
+// dlast, then the backward itself on every chunk.
 template <class T>
-cudaError_t bwd_staged_split(BwdArgs b, const SsPlan& plan, void* scratch, cudaStream_t stream) {
+cudaError_t bwd_split(BwdArgs b, const SsPlan& plan, void* scratch, cudaStream_t stream) {
+  auto launch = [&](const BwdArgs& x, int chunks) {
+    return plan.staged_bwd ? bwd_staged<T>(x, chunks, stream) : bwd<T>(x, plan.NS, chunks, stream);
+  };
   b.nch = plan.bnch;
   b.chunk_steps = plan.bchunk_steps;
   b.chunk_base = 0;
   b.chunk_end = false;
-  if (plan.bnch <= 1) return bwd_staged<T>(b, 1, stream);
+  if (plan.bnch <= 1) return launch(b, 1);
   b.chunk_g = reinterpret_cast<float*>(at(scratch, plan.bchunk_g));
   b.chunk_S = reinterpret_cast<float*>(at(scratch, plan.bchunk_S));
   BwdArgs pa = b;
   pa.chunk_end = true;
   pa.chunk_base = 1;
-  cudaError_t err = bwd_staged<T>(pa, static_cast<int>(plan.bnch - 1), stream);
+  cudaError_t err = launch(pa, static_cast<int>(plan.bnch - 1));
   if (err != cudaSuccess) return err;
   const int64_t carries = b.p.batch * b.p.dim * b.p.N;
   chunk_carry<<<static_cast<unsigned>((carries + 255) / 256), 256, 0, stream>>>(b.p, b.nch, b.chunk_g, b.chunk_S,
                                                                                b.dlast, true);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  return bwd_staged<T>(b, static_cast<int>(plan.bnch), stream);
+  return launch(b, static_cast<int>(plan.bnch));
 }
 
 template <class T>
@@ -207,7 +211,7 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
     b.dir = k;
     b.phase = ndir == 1 ? 0 : k + 1;
     b.dlast = rev ? io.dlast_rev : io.dlast_fwd;
-    err = plan.staged_bwd ? bwd_staged_split<T>(b, plan, scratch, stream) : bwd<T>(b, plan.NS, stream);
+    err = bwd_split<T>(b, plan, scratch, stream);
     if (err != cudaSuccess) return err;
   }
   const int64_t R = p.batch * p.dim, Dm = p.dim, N = p.N, bn = p.batch * ndir;
@@ -217,13 +221,13 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
     if (p.groups_b)
       err = reduce(b.pdB, io.dB, p.batch * p.groups_b, (Dm / p.groups_b / plan.CB) * ndir, N * p.L, stream);
     else
-      err = reduce(b.pdB, io.dB, 1, bn, Dm * N, stream);
+      err = reduce(b.pdB, io.dB, 1, bnc, Dm * N, stream);
   }
   if (err == cudaSuccess) {
     if (p.groups_c)
       err = reduce(b.pdC, io.dC, p.batch * p.groups_c, (Dm / p.groups_c / plan.CB) * ndir, N * p.L, stream);
     else
-      err = reduce(b.pdC, io.dC, 1, bn, Dm * N, stream);
+      err = reduce(b.pdC, io.dC, 1, bnc, Dm * N, stream);
   }
   if (err == cudaSuccess) err = reduce(b.pdD, io.dD, 1, bnc, Dm, stream);
   if (err == cudaSuccess) err = reduce(b.pdbias, io.ddelta_bias, 1, bnc, Dm, stream);

@@ -160,9 +160,13 @@ int main() {
     bad += run<float>(jss::SsDType::F32, 1, 12, 300, 5, 0, 3, dir, true);
   }
   bad += run<__nv_bfloat16>(jss::SsDType::BF16, 1, 32, 301, 16, 1, 1, 1, true);
-  // ... and the staged backward's own split (phase A, downward carries, chunked partials).
+  // ... and the backward's own split (phase A, downward carries, chunked partials), on the
+  // staged kernel and the round-1 one (time-invariant B: chunked dB partials too).
   setenv("JAX_SELSCAN_SS_BWD_CHUNKS", "4", 1);
-  for (int dir = 0; dir < 3; ++dir) bad += run<float>(jss::SsDType::F32, 2, 64, 300, 16, 1, 2, dir, true);
+  for (int dir = 0; dir < 3; ++dir) {
+    bad += run<float>(jss::SsDType::F32, 2, 64, 300, 16, 1, 2, dir, true);
+    bad += run<float>(jss::SsDType::F32, 1, 12, 300, 5, 0, 3, dir, true);
+  }
   bad += run<__nv_bfloat16>(jss::SsDType::BF16, 1, 32, 333, 16, 1, 1, 0, true);
   unsetenv("JAX_SELSCAN_SS_BWD_CHUNKS");
   unsetenv("JAX_SELSCAN_SS_FWD_CHUNKS");
