@@ -10,7 +10,7 @@
 // registers, then runs the adjoint g[t] = C[t] dy[t] + exp(dt[t+1] A) g[t+1] backwards
 // through them. Per step the lanes of a row reduce-scatter their partial ddt, du and y
 // (as in the forward); dB and dC are summed over the block's 32 rows in shared memory in a
-// fixed order after each chunk (no atomics: bitwise reproducible), written as per-block
+// fixed order after each half chunk (no atomics: bitwise reproducible), written as per-block
 // partials and summed over blocks by sum_mid afterwards, like the other per-row partials
 // (dA, dD, ddelta_bias, dh0). Bidirectional: the phases of BwdArgs.
 #pragma once
@@ -24,12 +24,13 @@ constexpr int kBC = kCk;      // steps per walk chunk (= checkpoint interval)
 constexpr int kBH = kBC / 2;  // steps per dB/dC reduction (half a chunk: less shared memory)
 
 // Shared floats: XA (float4 per element), XB (float2), BC pairs, three reduced per-step
-// outputs (ddt, du, y), the dB/dC terms of half a chunk [step][row][state] with a padded step
-// stride, the tile's checkpoints. 67 KB for N = 16: 3 blocks of 128 threads per SM.
-__host__ __device__ constexpr int sbwd_part_stride(int NP) { return kSRows * NP + 1; }
+// outputs (ddt, du, y), the dB/dC terms of half a chunk [step][row][state]. The step stride is
+// 8 banks past a multiple of 32 (and a multiple of 4, for float4 stores): the sums' 8-lane
+// phases then hit 8 distinct 16-byte bank groups. 59 KB for N = 16: 3 blocks of 128 threads
+// per SM (the registers allow no more).
+__host__ __device__ constexpr int sbwd_part_stride(int NP) { return kSRows * NP + 8; }
 __host__ __device__ constexpr int sbwd_floats(int NP) {
-  return kSRows * kSX * 6 + kST * NP * 2 + 3 * kSRows * kSX + 2 * kBH * sbwd_part_stride(NP) +
-         kSRows * (kST / kBC) * NP;
+  return kSRows * kSX * 6 + kST * NP * 2 + 3 * kSRows * kSX + 2 * kBH * sbwd_part_stride(NP);
 }
 
 template <class T, int P, int NS>
@@ -40,7 +41,8 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   constexpr int BCV = NP * kST / 4;
   constexpr int BPT = (BCV + NT - 1) / NT;
   constexpr int PS = sbwd_part_stride(NP);
-  static_assert(NS % 2 == 0, "the walk reads (B, C) of two states at a time");
+  static_assert(NS == 4, "float4 checkpoints and dB/dC terms: 4 states per lane");
+  static_assert(NP % 16 == 0 && NT == 2 * NP * kBH, "the dB/dC sums: one thread per (B|C, 4 states, step, row group)");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float4* XA = smem4;
@@ -51,7 +53,6 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   float* RY = RU + kSRows * kSX;    // reduced y
   float* SB = RY + kSRows * kSX;    // [step in chunk][row][state] dB terms
   float* SC = SB + kBH * PS;        // dC terms
-  float* HK = SC + kBH * PS;        // the tile's checkpoints [row][chunk][state]
 
   const SsProblem& p = a.p;
   const int64_t L = p.L, N = p.N, Dm = p.dim, R = p.batch * Dm;
@@ -172,17 +173,34 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     }
   };
 
-  // No register prefetch here (the walk's chunk registers need the room): each tile is
-  // loaded when it is staged; the other blocks on the SM cover the wait.
+  // The checkpoint (state entering an 8-step chunk) of this lane's NS states, straight from
+  // global memory into registers, one chunk ahead of the walk so that the load overlaps a
+  // chunk of work. Chunk ci covers steps [ci kBC, ci kBC + kBC); past L (and in phase A) 0.
+  static_assert(kBC == kCk, "one checkpoint per walk chunk");
+  const int64_t K = (L + kCk - 1) / kCk;
+  const float* ckrow = a.ckpt ? a.ckpt + row * a.ck_row + q * NS : nullptr;
+  const bool ckvec = (N & 3) == 0 && (a.ck_row & 3) == 0 &&
+                     (reinterpret_cast<uintptr_t>(a.ckpt) & 15) == 0;
+  auto load_ck = [&](int64_t ci) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (a.chunk_end || ci < 0 || ci >= K || q * NS >= N) return v;
+    const float* src = ckrow + ci * N;
+    if (ckvec) return *reinterpret_cast<const float4*>(src);
+    const int nv = static_cast<int>(N - q * NS);
+    v.x = src[0];
+    if (nv > 1) v.y = src[1];
+    if (nv > 2) v.z = src[2];
+    if (nv > 3) v.w = src[3];
+    return v;
+  };
+  int64_t ci = ke * (kST / kBC) - 1;  // the chunk walked next
+  float4 ck_next = load_ck(ci);
+
+  // No register prefetch of tiles here (the walk's chunk registers need the room): each tile
+  // is loaded when it is staged; the other blocks on the SM cover the wait.
   for (int64_t k = ke - 1; k >= kb; --k) {
     __syncthreads();  // the previous tile's write-out has read the shared buffers
     load_tile(k);
-    // The tile's checkpoints (state entering each 8-step chunk), [row][chunk][state].
-    for (int o = tid; o < kSRows * (kST / kBC) * NP && !a.chunk_end; o += NT) {
-      const int rr = o / ((kST / kBC) * NP), c = (o / NP) % (kST / kBC), n = o % NP;
-      const int64_t s0 = k * kST + c * kBC;
-      HK[o] = (s0 < L && n < N) ? a.ckpt[(b * Dm + d0 + rr) * a.ck_row + (s0 / kCk) * N + n] : 0.f;
-    }
     stage_tile(k);
     __syncthreads();
 
@@ -208,9 +226,10 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
       const int j0 = c * kBC;
       // Recompute the chunk's states and exponentials.
       float H[kBC][NS], E[kBC][NS], yv[kBC];
-      float hs[NS], h0c[NS];
-#pragma unroll
-      for (int s = 0; s < NS; ++s) hs[s] = h0c[s] = HK[(r * (kST / kBC) + c) * NP + q * NS + s];
+      const float4 ck = ck_next;
+      ck_next = load_ck(--ci);
+      const float h0c[NS] = {ck.x, ck.y, ck.z, ck.w};
+      float hs[NS] = {ck.x, ck.y, ck.z, ck.w};
 #pragma unroll
       for (int jj = 0; jj < kBC; ++jj) {
         const float4 x = X[j0 + jj];
@@ -241,7 +260,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
           const int jj = hf * kBH + jh;
           const float4 x = X[j0 + jj];  // dt, du, dy, u
           const float* bc = BCr + (j0 + jj) * NP * 2;
-          float dd = 0.f, du = 0.f;
+          float dd = 0.f, du = 0.f, sb[NS], sc[NS];
 #pragma unroll
           for (int s = 0; s < NS; s += 2) {
             const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s);
@@ -256,24 +275,43 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
               du = fmaf(gi * x.x, Bv, du);
               accA[si] = fmaf(gi * x.x, eh, accA[si]);
               g[si] = E[jj][si] * gi;
-              SB[jh * PS + r * NP + q * NS + si] = gi * x.y;
-              SC[jh * PS + r * NP + q * NS + si] = x.z * H[jj][si];
+              sb[si] = gi * x.y;
+              sc[si] = x.z * H[jj][si];
             }
           }
+          *reinterpret_cast<float4*>(SB + jh * PS + r * NP + q * NS) = make_float4(sb[0], sb[1], sb[2], sb[3]);
+          *reinterpret_cast<float4*>(SC + jh * PS + r * NP + q * NS) = make_float4(sc[0], sc[1], sc[2], sc[3]);
           ddt[jj] = dd;
           dus[jj] = du;
         }
         __syncthreads();
-        for (int o = tid; o < 2 * NP * kBH; o += NT) {
-          const int which = o / (NP * kBH), n = (o / kBH) % NP, jh = o % kBH;
+        {  // The sums over the block's 32 rows, in a fixed order: a thread per (B|C, 4 states,
+           // step, row group gq) adds rows gq, gq + 4, ..., then an xor butterfly over the 4
+           // groups (lanes 4 and 8 apart; a + b == b + a, so every lane gets the same bits).
+          const int nq = tid & 3, gq = (tid >> 2) & 3, jh = (tid >> 4) & 3, which = tid >> 6;
+          const float* src = (which ? SC : SB) + jh * PS + gq * NP + nq * 4;
+          float4 acc = *reinterpret_cast<const float4*>(src);
+#pragma unroll
+          for (int i = 1; i < kSRows / 4; ++i) {
+            const float4 v = *reinterpret_cast<const float4*>(src + i * 4 * NP);
+            acc.x += v.x;
+            acc.y += v.y;
+            acc.z += v.z;
+            acc.w += v.w;
+          }
+#pragma unroll
+          for (int o = 4; o <= 8; o <<= 1) {
+            acc.x += __shfl_xor_sync(kFull, acc.x, o);
+            acc.y += __shfl_xor_sync(kFull, acc.y, o);
+            acc.z += __shfl_xor_sync(kFull, acc.z, o);
+            acc.w += __shfl_xor_sync(kFull, acc.w, o);
+          }
+          const int n = nq * 4 + gq;  // lane gq of the group writes state gq of the 4
+          const float sum = gq == 0 ? acc.x : gq == 1 ? acc.y : gq == 2 ? acc.z : acc.w;
           const int64_t st = k * kST + j0 + hf * kBH + jh;
           if (n < N && st < L) {
-            const float* src = (which ? SC : SB) + jh * PS + n;
-            float acc = 0.f;
-#pragma unroll 8
-            for (int rr = 0; rr < kSRows; ++rr) acc += src[rr * NP];
             float* dst = which ? a.pdC : a.pdB;
-            dst[(((b * nblk + cb) * a.ndir + a.dir) * N + n) * L + tmap(st, L, rev)] = acc;
+            dst[(((b * nblk + cb) * a.ndir + a.dir) * N + n) * L + tmap(st, L, rev)] = sum;
           }
         }
         __syncthreads();

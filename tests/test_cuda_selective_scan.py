@@ -380,7 +380,7 @@ def test_gradients_staged_bwd(direction, opts):
 
 
 @pytest.mark.parametrize("case", [(1, 32, 1, 16, F32), (2, 96, 300, 16, BF16), (1, 64, 40, 8, F16),
-                                  (1, 32, 33, 12, F32)])
+                                  (1, 32, 33, 12, F32), (1, 32, 45, 6, F32)])  # N = 6: scalar checkpoints
 @pytest.mark.parametrize("direction", ["reverse", "bidirectional"])
 def test_gradients_staged_bwd_shapes(case, direction):
     batch, dim, length, dstate, dtype = case

@@ -275,13 +275,14 @@ def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None, tiles=No
                         accA[r] += gi * x[0] * eh
                         g[r] = E[r, jj] * gi
                         SB[jh, r], SC[jh, r] = gi * x[1], x[2] * H[r, jj]
-                for jh in range(CK // 2):  # the block's rows summed in row order
+                for jh in range(CK // 2):  # rows g, g + 4, ... per group g, then (g0 + g1) + (g2 + g3)
                     st = k * T + j0 + hf * (CK // 2) + jh
                     if st < L:
                         t = tmap(st)
                         for n in range(N):
-                            dB[n, t] += sum(SB[jh, r, n] for r in range(R))
-                            dC[n, t] += sum(SC[jh, r, n] for r in range(R))
+                            for dst, src in ((dB, SB), (dC, SC)):
+                                grp = [sum(src[jh, r, n] for r in range(gq, R, 4)) for gq in range(4)]
+                                dst[n, t] += (grp[0] + grp[1]) + (grp[2] + grp[3])
             for r in range(R):
                 for dst, src in ((RD, ddp), (RU, dup), (RY, yp)):
                     for jj, val in reduce_scatter(src[r], P).items():
