@@ -1,21 +1,22 @@
 // XLA FFI handlers of linear_scan on CUDA and the nanobind module jax_selscan._cuda.
 //
-//   jax_selscan_linear_scan       (a, b, h0) -> h
-//   jax_selscan_linear_scan_prod  (a, b, h0) -> (h, a_prod)
+//   jax_selscan_linear_scan       (a, b, h0) -> (h, scratch)
+//   jax_selscan_linear_scan_prod  (a, b, h0) -> (h, a_prod, scratch)
 // attributes: axis (int64), reverse (bool), algorithm (int64, index into
-// primitives.ALGORITHMS). The kernels run on the stream XLA passes in. Scratch (tile
-// status words, carries) is stream-ordered: cudaMallocFromPoolAsync on that stream from a
-// per-device pool of our own, reset there (cudaMemsetAsync) before every launch, and
-// released with cudaFreeAsync on the same stream after the last kernel, so it is never
-// reused while a kernel still reads it. (XLA's FFI ScratchAllocator, present in the jax
-// 0.10.2 and 0.12 headers, returned an error on jax 0.11.2 / CUDA 13 on the H200, so it is
-// not used.) The handlers are NOT declared command-buffer (CUDA graph) compatible: that has
-// not been tested here.
+// primitives.ALGORITHMS). The kernels run on the stream XLA passes in. `scratch` (tile
+// status words, carries, the tile counter) is a 1-D uint8 result that Python sizes at trace
+// time with linear_scan_scratch_bytes() plus kScratchAlign bytes (XLA does not promise the
+// 256-byte alignment the kernels need, so the handler aligns the pointer up); the caller
+// drops it. The kernels reset it on the stream (cudaMemsetAsync) before every launch,
+// so nothing is allocated in the call and the handlers are declared command-buffer (CUDA
+// graph) compatible. The selective-scan handlers (selective_scan_ffi.cc) still allocate
+// their scratch in the call (stream-ordered pool below, jss::with_scratch) and are not.
 #include <cstdint>
 #include <mutex>
 #include <string>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include "linear_scan.h"
 #include "scratch.h"
@@ -80,6 +81,17 @@ bool to_dtype(ffi::DataType t, jss::DType* out) {
   }
 }
 
+// The dtype names of numpy / ml_dtypes, mapped as to_dtype maps XLA's element types.
+bool dtype_from_name(const std::string& name, jss::DType* out) {
+  if (name == "float32") *out = jss::DType::F32;
+  else if (name == "float64") *out = jss::DType::F64;
+  else if (name == "bfloat16") *out = jss::DType::BF16;
+  else if (name == "float16") *out = jss::DType::F16;
+  else if (name == "complex64") *out = jss::DType::C64;
+  else return false;
+  return true;
+}
+
 bool same_dims(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
   auto dx = x.dimensions(), dy = y.dimensions();
   if (dx.size() != dy.size()) return false;
@@ -88,9 +100,12 @@ bool same_dims(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
   return true;
 }
 
+// The kernels' scratch alignment (linear_scan.h); Python adds this much to the request.
+constexpr size_t kScratchAlign = 256;
+
 ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& a,
                const ffi::AnyBuffer& b, const ffi::AnyBuffer& h0, ffi::AnyBuffer* h, ffi::AnyBuffer* aprod,
-               int64_t axis, bool reverse, int64_t algorithm) {
+               ffi::AnyBuffer* scratch, int64_t axis, bool reverse, int64_t algorithm) {
   jss::DType t;
   if (!to_dtype(a.element_type(), &t))
     return ffi::Error::InvalidArgument("linear_scan (CUDA): unsupported dtype");
@@ -126,23 +141,35 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& a,
   p.algorithm = static_cast<int>(algorithm);
   if (p.outer == 0 || p.L == 0 || p.inner == 0) return ffi::Error::Success();  // empty
   const size_t bytes = jss::scratch_bytes(t, p);
-  cudaError_t err = jss::with_scratch(
-      stream, bytes, [&](void* buf) { return jss::launch_linear_scan(t, p, buf, stream); });
+  void* buf = nullptr;
+  if (bytes) {
+    // Never write past the buffer: it was sized in Python, this is the plan actually run.
+    const uintptr_t base = reinterpret_cast<uintptr_t>(scratch->untyped_data());
+    const uintptr_t pad = (kScratchAlign - base % kScratchAlign) % kScratchAlign;
+    const size_t have = scratch->size_bytes();
+    if (!base || have < pad || have - pad < bytes)
+      return ffi::Error::InvalidArgument(
+          "linear_scan (CUDA): scratch result too small: " + std::to_string(have) + " bytes at offset " +
+          std::to_string(pad) + " from 256-byte alignment, the launch needs " + std::to_string(bytes));
+    buf = reinterpret_cast<void*>(base + pad);
+  }
+  cudaError_t err = jss::launch_linear_scan(t, p, buf, stream);
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string("linear_scan (CUDA): ") + cudaGetErrorString(err));
   return ffi::Error::Success();
 }
 
 ffi::Error LinearScanImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                          ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> h, int64_t axis, bool reverse,
-                          int64_t algorithm) {
-  return Run(stream, a, b, h0, &*h, nullptr, axis, reverse, algorithm);
+                          ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> h,
+                          ffi::Result<ffi::AnyBuffer> scratch, int64_t axis, bool reverse, int64_t algorithm) {
+  return Run(stream, a, b, h0, &*h, nullptr, &*scratch, axis, reverse, algorithm);
 }
 
 ffi::Error LinearScanProdImpl(cudaStream_t stream, ffi::AnyBuffer a,
                               ffi::AnyBuffer b, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> h,
-                              ffi::Result<ffi::AnyBuffer> aprod, int64_t axis, bool reverse, int64_t algorithm) {
-  return Run(stream, a, b, h0, &*h, &*aprod, axis, reverse, algorithm);
+                              ffi::Result<ffi::AnyBuffer> aprod, ffi::Result<ffi::AnyBuffer> scratch,
+                              int64_t axis, bool reverse, int64_t algorithm) {
+  return Run(stream, a, b, h0, &*h, &*aprod, &*scratch, axis, reverse, algorithm);
 }
 
 }  // namespace
@@ -154,9 +181,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanCuda, LinearScanImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()  // scratch
                                   .Attr<int64_t>("axis")
                                   .Attr<bool>("reverse")
-                                  .Attr<int64_t>("algorithm"));
+                                  .Attr<int64_t>("algorithm"),
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanProdCuda, LinearScanProdImpl,
                               ffi::Ffi::Bind()
@@ -166,9 +195,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanProdCuda, LinearScanProdImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()  // scratch
                                   .Attr<int64_t>("axis")
                                   .Attr<bool>("reverse")
-                                  .Attr<int64_t>("algorithm"));
+                                  .Attr<int64_t>("algorithm"),
+                              {ffi::Traits::kCmdBufferCompatible});
 
 NB_MODULE(_cuda, m) {
   m.def("registrations", []() {
@@ -188,6 +219,30 @@ NB_MODULE(_cuda, m) {
     p.inner = inner;
     return jss::resolve_algorithm(p);
   });
+  // Bytes the scratch result of one call must hold (before kScratchAlign is added), for the
+  // (outer, L, inner) view that Run builds. Depends on shape, dtype and algorithm only (no
+  // device query), and on the operands' 16-byte alignment (strided_stage needs 16-byte
+  // vectors, else the plan falls back to lookback_regs): this returns the larger of both
+  // plans. XLA's buffers are >= 16-byte aligned; Run still checks the size it is given.
+  m.def("linear_scan_scratch_bytes", [](const std::string& dtype_name, int64_t outer, int64_t L,
+                                        int64_t inner, bool reverse, int64_t algorithm) {
+    jss::DType t;
+    if (!dtype_from_name(dtype_name, &t)) throw nb::value_error(("unsupported dtype " + dtype_name).c_str());
+    if (algorithm < 0 || algorithm >= jss::kNumAlgorithms) throw nb::value_error("unknown algorithm index");
+    if (outer < 0 || L < 0 || inner < 0) throw nb::value_error("negative extent");
+    jss::ScanProblem p;
+    p.outer = outer;
+    p.L = L;
+    p.inner = inner;
+    p.reverse = reverse;
+    p.algorithm = static_cast<int>(algorithm);
+    if (p.outer == 0 || p.L == 0 || p.inner == 0) return size_t{0};  // Run launches nothing
+    const size_t aligned = jss::scratch_bytes(t, p);  // null pointers: every alignment test passes
+    p.a = reinterpret_cast<const void*>(uintptr_t{8});  // never dereferenced, only its low bits read
+    const size_t unaligned = jss::scratch_bytes(t, p);
+    return aligned > unaligned ? aligned : unaligned;
+  });
+  m.def("linear_scan_scratch_align", []() { return kScratchAlign; });
   m.def("selective_scan_geometry", [](int64_t N, int64_t rows) {
     return nb::make_tuple(jss::ss_states_per_thread(N, rows), jss::ss_lanes_per_row(N, rows));
   });

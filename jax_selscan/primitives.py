@@ -201,7 +201,31 @@ def _ffi_rule(ctx, a, b, h0, *, axis, reverse, return_a_prod, algorithm):
         algorithm=np.int64(ALGORITHMS.index(algorithm)))
 
 
+def cuda_scratch_bytes(shape, dtype, *, axis, reverse, algorithm):
+    """Size of the uint8 scratch result the CUDA handlers take (tile status words, carries).
+
+    Requested from XLA at trace time, not allocated in the call, so that the handlers can be
+    captured into command buffers (CUDA graphs). Includes the slack the handler needs to
+    align the buffer to 256 bytes; at least 1.
+    """
+    from . import _cuda
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    n = _cuda.linear_scan_scratch_bytes(np.dtype(dtype).name, outer, shape[axis], inner,
+                                        bool(reverse), ALGORITHMS.index(algorithm))
+    return n + _cuda.linear_scan_scratch_align() if n else 1
+
+
+def _ffi_rule_cuda(ctx, a, b, h0, *, axis, reverse, return_a_prod, algorithm):
+    """_ffi_rule with one more result, the scratch (last), which is dropped."""
+    aval = ctx.avals_in[0]
+    n = cuda_scratch_bytes(aval.shape, aval.dtype, axis=axis, reverse=reverse, algorithm=algorithm)
+    ctx = ctx.replace(avals_out=[*ctx.avals_out, jax.core.ShapedArray((n,), np.uint8)])
+    return _ffi_rule(ctx, a, b, h0, axis=axis, reverse=reverse, return_a_prod=return_a_prod,
+                     algorithm=algorithm)[:-1]
+
+
 if _ffi.HAS_CPU:
     mlir.register_lowering(linear_scan_p, _ffi_rule, platform="cpu")
 if _ffi.HAS_CUDA:
-    mlir.register_lowering(linear_scan_p, _ffi_rule, platform="cuda")
+    mlir.register_lowering(linear_scan_p, _ffi_rule_cuda, platform="cuda")

@@ -1,9 +1,18 @@
 """GPU tests of the CUDA linear_scan kernels against a float64 NumPy reference.
 
 Skipped cleanly when JAX sees no GPU or the CUDA extension is not built. Every algorithm,
-both layouts (scanned axis contiguous or strided), every dtype, reverse, h0, return_a_prod.
+both layouts (scanned axis contiguous or strided), every dtype, reverse, h0, return_a_prod,
+and the handlers inside XLA command buffers. The lowering tests at the end need only the
+built extension (no GPU): they lower for CUDA on the CPU.
 """
 from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -12,14 +21,20 @@ import jax
 import jax.numpy as jnp
 
 
-from jax_selscan import linear_scan
+import jax_selscan
+from jax_selscan import linear_scan, primitives
 
 try:
     from gpu_marks import requires_cuda
 except ImportError:  # tests/ imported as a package
     from tests.gpu_marks import requires_cuda
 
-pytestmark = requires_cuda
+
+def gpu(f):
+    """requires_cuda per test, not as pytestmark: the lowering tests at the end need no GPU."""
+    for mark in requires_cuda:
+        f = mark(f)
+    return f
 
 ALGOS = ("auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp", "lookback_regs", "hillis_steele")
 DTYPES = {
@@ -90,6 +105,7 @@ def _x64():
         yield
 
 
+@gpu
 @pytest.mark.parametrize("algorithm", ALGOS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("reverse", [False, True])
@@ -107,6 +123,7 @@ def test_against_float64(algorithm, dtype, reverse):
             assert rel_err(h1, rh) < tol
 
 
+@gpu
 @pytest.mark.parametrize("shape,axis", [((0, 5), 1), ((5, 0), 1), ((0,), 0), ((4, 0, 3), 1), ((0, 3), 0)])
 def test_empty(shape, axis):
     a = jnp.ones(shape, jnp.float32)
@@ -114,6 +131,7 @@ def test_empty(shape, axis):
     assert h.shape == shape and p.shape == shape
 
 
+@gpu
 @pytest.mark.parametrize("algorithm", ALGOS)
 def test_large_contiguous_and_strided(algorithm):
     for shape, axis in [((64, 40000), 1), ((3000, 512), 0)]:
@@ -123,6 +141,7 @@ def test_large_contiguous_and_strided(algorithm):
         assert rel_err(h, rh) < 5e-5
 
 
+@gpu
 def test_default_is_deterministic():
     """Bitwise-identical results over repeated runs (the full 500-run check is in gpu_check.sh)."""
     a, b, h0 = make((1 << 22,), 0, jnp.float32, seed=3)
@@ -132,6 +151,7 @@ def test_default_is_deterministic():
         assert np.array_equal(np.asarray(f(a, b, h0)), ref)
 
 
+@gpu
 def test_grad_through_kernel():
     a, b, h0 = make((3, 777), 1, jnp.float32, seed=9)
     f = lambda a, b: jnp.sum(linear_scan(a, b, axis=1) ** 2)
@@ -146,3 +166,150 @@ def test_grad_through_kernel():
     fd = (fr(a64 + eps * da, b64 + eps * db) - fr(a64 - eps * da, b64 - eps * db)) / (2 * eps)
     an = float(np.sum(np.asarray(g[0]) * da) + np.sum(np.asarray(g[1]) * db))
     assert abs(an - fd) / abs(fd) < 1e-3
+
+
+# --- command buffers (CUDA graphs) -----------------------------------------------------
+
+# (shape, axis, dtype, reverse, return_a_prod): contiguous fp32; strided bf16 (strided_stage)
+# reversed; one long fp32 row (look-back over many tiles) reversed with a_prod.
+GRAPH_CASES = [((3, 5000), 1, "float32", False, False),
+               ((2, 700, 264), 1, "bfloat16", True, False),
+               ((20000,), 0, "float32", True, True)]
+
+_GRAPH_SCRIPT = textwrap.dedent("""
+    import json, re, sys
+    import numpy as np
+    import jax, jax.numpy as jnp
+    from jax_selscan import linear_scan
+
+    cases = json.loads(sys.argv[1])
+    data = np.load(sys.argv[2])
+    args = [jnp.asarray(data[f"{k}{i}"], getattr(jnp, c[2])) for i, c in enumerate(cases) for k in "abh"]
+
+    def f(*args):
+        outs = []
+        for i, (shape, axis, dtype, reverse, prod) in enumerate(cases):
+            a, b, h0 = args[3 * i:3 * i + 3]
+            r = linear_scan(a, 2 * b, axis=axis, reverse=reverse, h0=h0, return_a_prod=prod)
+            outs += list(r) if prod else [r]
+        return outs
+
+    jitted = jax.jit(f)
+    runs = [[np.asarray(x.astype(jnp.float32)) for x in jitted(*args)] for _ in range(3)]
+    same = all(np.array_equal(x, y) for r in runs[1:] for x, y in zip(r, runs[0]))
+    np.savez(sys.argv[3], *runs[0])
+
+    # Which computation each of our custom calls sits in: command buffers are computations
+    # named command_buffer* that the entry computation calls.
+    hlo = jitted.lower(*args).compile().as_text()
+    comp, where, cmd_bufs = None, [], 0
+    for line in hlo.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            comp = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
+            comp = comp.lstrip("%")
+            cmd_bufs += comp.startswith("command_buffer")
+        elif 'custom_call_target="jax_selscan_linear_scan' in line:
+            where.append(comp)
+    print(json.dumps(dict(bitwise_equal_runs=same, command_buffers=cmd_bufs, custom_calls_in=where)))
+""")
+
+
+@gpu
+def test_command_buffers(tmp_path):
+    """The handlers captured into XLA command buffers: results against float64, bitwise equal
+    over 3 runs (each replays the graph), and the custom calls inside a command buffer."""
+    arrays, refs = {}, []
+    for i, (shape, axis, dtype, reverse, prod) in enumerate(GRAPH_CASES):
+        a, b, h0 = make(shape, axis, DTYPES[dtype][0], seed=100 + i)
+        arrays.update({f"a{i}": a.astype(np.float32), f"b{i}": b.astype(np.float32),
+                       f"h{i}": h0.astype(np.float32)})  # exact for bf16; cast back there
+        rh, rp = reference(a, 2 * b.astype(np.float64), h0, axis, reverse)
+        refs += [(rh, DTYPES[dtype][1])] + ([(rp, DTYPES[dtype][1])] if prod else [])
+    np.savez(tmp_path / "in.npz", **arrays)
+    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+               " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"))
+    env.pop("JAX_ENABLE_X64", None)
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process holds the GPU too
+    # the same jax_selscan as this test session imports (source tree or installed)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_selscan.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, "-c", _GRAPH_SCRIPT, json.dumps(GRAPH_CASES),
+                           str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(info)
+    assert info["bitwise_equal_runs"]
+    out = np.load(tmp_path / "out.npz")
+    assert len(out.files) == len(refs)
+    for k, (ref, tol) in enumerate(refs):
+        assert rel_err(out[f"arr_{k}"], ref) < tol, (k, rel_err(out[f"arr_{k}"], ref))
+    assert len(info["custom_calls_in"]) == len(GRAPH_CASES)
+    if info["command_buffers"] == 0:  # this XLA names or schedules them differently
+        pytest.skip(f"no command_buffer computation in the compiled HLO; custom calls in {info}")
+    assert all(c.startswith("command_buffer") for c in info["custom_calls_in"]), info
+
+
+# --- the CUDA lowering, checked on the CPU (needs the extension, not a GPU) ---------------
+
+needs_extension = pytest.mark.skipif(not jax_selscan.has_cuda_kernels,
+                                     reason="jax_selscan._cuda not built")
+
+
+def _exported_text(platform, shape, axis, dtype, reverse=False, prod=False, algorithm="auto"):
+    targets = ["jax_selscan_linear_scan", "jax_selscan_linear_scan_prod"]
+    f = jax.jit(lambda a, b, h0: primitives.bind(a, b, h0, axis=axis, reverse=reverse,
+                                                 return_a_prod=prod, algorithm=algorithm))
+    h_shape = shape[:axis] + shape[axis + 1:]
+    spec = jax.ShapeDtypeStruct
+    exp = jax.export.export(
+        f, platforms=[platform],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(t) for t in targets])(
+        spec(shape, dtype), spec(shape, dtype), spec(h_shape, dtype))
+    return exp.mlir_module()
+
+
+def _custom_call_results(text):
+    line = next(l for l in text.splitlines() if "stablehlo.custom_call @jax_selscan_linear_scan" in l)
+    return re.findall(r"tensor<([^>]*)>", line.split("->")[-1])
+
+
+@needs_extension
+@pytest.mark.parametrize("shape,axis,dtype,prod", [((3, 5000), 1, jnp.float32, False),
+                                                   ((2, 700, 264), 1, jnp.bfloat16, True),
+                                                   ((20000,), 0, jnp.float32, True)])
+def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
+    """The CUDA custom call gets one more uint8 result, sized by the extension's query plus
+    the alignment slack; the primitive's results are unchanged; the CPU call is unchanged."""
+    from jax_selscan import _cuda
+    outer, inner = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
+    need = _cuda.linear_scan_scratch_bytes(np.dtype(dtype).name, outer, shape[axis], inner, False, 0)
+    assert need > 0  # look-back kernels: status words / carries
+    res = _custom_call_results(_exported_text("cuda", shape, axis, dtype, prod=prod))
+    n_out = 2 if prod else 1
+    assert len(res) == n_out + 1, res
+    assert res[-1] == f"{need + _cuda.linear_scan_scratch_align()}xui8", res
+    assert _cuda.linear_scan_scratch_align() == 256
+    cpu = _custom_call_results(_exported_text("cpu", shape, axis, dtype, prod=prod))
+    assert len(cpu) == n_out and not any("ui8" in r for r in cpu), cpu
+
+
+@needs_extension
+def test_cuda_scratch_sizes():
+    from jax_selscan import _cuda
+    q = _cuda.linear_scan_scratch_bytes
+    # >= 512 contiguous rows: auto runs row_walk, which needs no scratch: a 1-byte result
+    assert q("float32", 520, 64, 1, False, 0) == 0
+    assert primitives.cuda_scratch_bytes((520, 64), jnp.float32, axis=1, reverse=False,
+                                         algorithm="auto") == 1
+    assert q("float32", 0, 64, 1, False, 0) == 0  # empty: nothing is launched
+    # more tiles, more status words
+    assert q("float32", 1, 1 << 20, 1, False, 3) > q("float32", 1, 1 << 16, 1, False, 3) > 0
+    # every named algorithm and dtype answers; unknown ones are refused
+    for dtype in DTYPES:
+        for alg in range(len(ALGOS)):
+            assert q(dtype, 2, 4099, 130, True, alg) >= 0
+    with pytest.raises(ValueError):
+        q("int32", 1, 10, 1, False, 0)
+    with pytest.raises(ValueError):
+        q("float32", 1, 10, 1, False, len(ALGOS))
