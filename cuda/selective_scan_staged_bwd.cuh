@@ -27,10 +27,11 @@ constexpr int kBH = kBC / 2;  // steps per dB/dC reduction (half a chunk: less s
 // outputs (ddt, du, y), the dB/dC terms of half a chunk [step][row][state]. The step stride is
 // 8 banks past a multiple of 32 (and a multiple of 4, for float4 stores): the sums' 8-lane
 // phases then hit 8 distinct 16-byte bank groups. 59 KB for N = 16: 3 blocks of 128 threads
-// per SM (the registers allow no more).
+// per SM (the registers allow no more). Last, the block's 32 delta biases and D values (read
+// per tile from here rather than from global memory, where each read stalled the staging).
 __host__ __device__ constexpr int sbwd_part_stride(int NP) { return kSRows * NP + 8; }
 __host__ __device__ constexpr int sbwd_floats(int NP) {
-  return kSRows * kSX * 6 + kST * NP * 2 + 3 * kSRows * kSX + 2 * kBH * sbwd_part_stride(NP);
+  return kSRows * kSX * 6 + kST * NP * 2 + 3 * kSRows * kSX + 2 * kBH * sbwd_part_stride(NP) + 2 * kSRows;
 }
 
 template <class T, int P, int NS>
@@ -53,6 +54,8 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   float* RY = RU + kSRows * kSX;    // reduced y
   float* SB = RY + kSRows * kSX;    // [step in chunk][row][state] dB terms
   float* SC = SB + kBH * PS;        // dC terms
+  float* RB = SC + kBH * PS;        // the rows' delta bias
+  float* RDk = RB + kSRows;         // the rows' D
 
   const SsProblem& p = a.p;
   const int64_t L = p.L, N = p.N, Dm = p.dim, R = p.batch * Dm;
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
 #pragma unroll
     for (int m = 0; m < BPT; ++m) {
       const int w = tid + m * NT;
-      const int n = w / (kST / 4), i0 = (w % (kST / 4)) * 4;
+      const int n = w % NP, i0 = (w / NP) * 4;  // state fastest: conflict-free BCs stores
       const bool ok = w < BCV && n < N;
       const int64_t t = ok ? t0 + i0 : -kST;
       load_vec(Bp + (ok ? n : 0) * L, t, rb[m]);
@@ -131,9 +134,9 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
       const int v = tid + m * NT;
       if (v >= kSVec) continue;
       const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
-      const int64_t dd = d0 + rr, t = t0 + i0;
+      const int64_t t = t0 + i0;
       const bool full = t >= 0 && t + 3 < L;
-      const float bias = p.delta_bias ? p.delta_bias[dd] : 0.f;
+      const float bias = RB[rr];
       float uv[4], dv[4], gv[4], zv[4] = {0.f, 0.f, 0.f, 0.f};
       ru[m].get(uv);
       rd[m].get(dv);
@@ -163,7 +166,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     for (int m = 0; m < BPT; ++m) {
       const int w = tid + m * NT;
       if (w >= BCV) continue;
-      const int n = w / (kST / 4), i0 = (w % (kST / 4)) * 4;
+      const int n = w % NP, i0 = (w / NP) * 4;  // state fastest: conflict-free BCs stores
       float bv[4], cv[4];
       rb[m].get(bv);
       rc[m].get(cv);
@@ -193,6 +196,10 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     if (nv > 3) v.w = src[3];
     return v;
   };
+  if (tid < kSRows) {  // all 32 rows exist: the staged backward needs D % 32 == 0
+    RB[tid] = p.delta_bias ? p.delta_bias[d0 + tid] : 0.f;
+    RDk[tid] = p.Dskip ? p.Dskip[d0 + tid] : 0.f;
+  }
   int64_t ci = ke * (kST / kBC) - 1;  // the chunk walked next
   float4 ck_next = load_ck(ci);
 
@@ -330,7 +337,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
       if (v >= kSVec) continue;
       const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
       const int64_t dd = d0 + rr, base = (b * Dm + dd) * L, t = t0 + i0;
-      const float Dd = p.Dskip ? p.Dskip[dd] : 0.f;
+      const float Dd = RDk[rr];
       float odu[4], odd[4], odz[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {

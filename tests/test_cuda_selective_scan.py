@@ -493,6 +493,43 @@ def test_more_than_2_31_elements_staged():
     assert rel_err(out[..., tail][..., 8:], want[..., 8:]) < FWD_TOL[BF16]
 
 
+def _far_end_gradients(L, dim=32, dstate=16, window=64):
+    """Gradients of a strongly decaying scan (dt * A ~ -12 per step) at the far end of every
+    row, ours against a float64 reference over the last `window` steps alone: there they
+    depend only on the last few steps. Returns the relative errors for u, delta, B and C (the
+    first 8 steps of the window left out; dA and dD sum over every step: not checked)."""
+    rng = np.random.default_rng(9)
+    k = jax.random.split(jax.random.PRNGKey(2), 4)
+    u = jax.random.normal(k[0], (1, dim, L), BF16)
+    delta = jnp.full((1, dim, L), 3.0, BF16)
+    A = jnp.asarray(-4.0 - rng.uniform(0, 1, (dim, dstate)), F32)
+    B = jax.random.normal(k[1], (1, dstate, L), BF16)
+    C = jax.random.normal(k[2], (1, dstate, L), BF16)
+    cot = jax.random.normal(k[3], (1, dim, L), BF16)
+
+    def grads(f, A, *x):
+        return jax.vjp(lambda u, d, B, C: f(u, d, A, B, C), *x[:4])[1](x[4])
+
+    got = jax.jit(lambda *x: grads(selective_scan, A, *x))(u, delta, B, C, cot)
+    tail = slice(L - window, L)
+    f64 = lambda v: v[..., tail].astype(jnp.float64)
+    want = grads(selective_scan_ref, A.astype(jnp.float64), *map(f64, (u, delta, B, C, cot)))
+    return [rel_err(g[..., tail][..., 8:], w[..., 8:]) for g, w in zip(got, want)]
+
+
+def test_far_end_gradients_small():
+    """The check of the next test at a size any machine runs (it must pass here too)."""
+    assert max(_far_end_gradients((1 << 10) + 37)) < GRAD_TOL[BF16]
+
+
+@pytest.mark.skipif(os.environ.get("JAX_SELSCAN_BIG_TESTS") != "1", reason="set JAX_SELSCAN_BIG_TESTS=1 (needs ~70 GB of GPU memory)")
+def test_more_than_2_31_elements_staged_backward():
+    # The staged backward (one 32-row block, varying B/C, split along L) over
+    # 32 x (2^26 + 37) > 2^31 elements: the last row's element offsets pass 2^31, its
+    # checkpoint offsets (2 L floats per row) pass 2^32.
+    assert max(_far_end_gradients((1 << 26) + 37)) < GRAD_TOL[BF16]
+
+
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("shape, dtype", [((2, 64, 77, 16), F32),   # staged kernels (D % 32 == 0)
                                           ((2, 8, 45, 16), F32),    # round-1 kernels
