@@ -134,7 +134,7 @@ def main():
 
     meta = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        machine=dict(cpu=cpu_model(), cores=os.cpu_count(), arch=platform.machine(),
+        machine=dict(cpu=cpu_model(), cores=len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(), arch=platform.machine(),
                      system=platform.platform()),
         jax_version=jax.__version__, jaxlib_version=jax.lib.__version__ if hasattr(jax, "lib") else "",
         python=platform.python_version(), cpu_isa=_cpu.isa(), supported_isas=list(_cpu.supported_isas()),
