@@ -61,12 +61,7 @@ void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor
       FloatBuffer work = alloc_floats(work_floats);
       SsBwdTask t{};
       task_at(task, t);
-      t.work = work.get();
-      t.split = 1;
-      t.phase = phase;
-      t.reverse = reverse ? 1 : 0;
-      t.piece = piece;
-      t.pieces = pieces;
+      set_split_piece(t, work.get(), phase, reverse, piece, pieces);
       t.ckbuf = ck.get() + task * nblocks * NW;
       t.sums = bidi ? sums.get() + task * 3 * L * lanes : nullptr;
       const int64_t k = task * pieces + piece;

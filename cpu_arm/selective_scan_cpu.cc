@@ -125,13 +125,8 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
       FloatBuffer work = alloc_floats(work_floats);
       SsTask t{};
       task_at(task, t);
-      t.work = work.get();
-      t.split = 1;
-      t.phase = phase;
-      t.reverse = reverse ? 1 : 0;
+      set_split_piece(t, work.get(), phase, reverse, piece, pieces);
       t.yr_mode = bidi ? (reverse ? 1 : 2) : 0;
-      t.piece = piece;
-      t.pieces = pieces;
       const int64_t k = task * pieces + piece;
       t.hin = hin.data() + k * per;
       t.hend = hend.data() + k * per;

@@ -54,4 +54,15 @@ inline FloatBuffer alloc_floats(int64_t n) {
   return FloatBuffer(static_cast<float*>(std::aligned_alloc(64, bytes > 0 ? bytes : 64)));
 }
 
+// The fields every L-split piece sets, forward (SsTask) and backward (SsBwdTask) alike.
+template <class Task>
+inline void set_split_piece(Task& t, float* work, int phase, bool reverse, int64_t piece, int64_t pieces) {
+  t.work = work;
+  t.split = 1;
+  t.phase = phase;
+  t.reverse = reverse ? 1 : 0;
+  t.piece = piece;
+  t.pieces = pieces;
+}
+
 }  // namespace jax_selscan
