@@ -1,4 +1,5 @@
-// Stream-ordered scratch for the CUDA handlers: cudaMallocFromPoolAsync on the handler's
+// Stream-ordered scratch for the CUDA selective-scan handlers (the linear_scan ones take theirs
+// as an XLA result, see ffi_module.cc): cudaMallocFromPoolAsync on the handler's
 // stream from a per-device pool of our own (ffi_module.cc), freed with cudaFreeAsync on the
 // same stream after the last kernel that uses it, so it is never reused while in use.
 #pragma once

@@ -177,7 +177,7 @@ GRAPH_CASES = [((3, 5000), 1, "float32", False, False),
                ((20000,), 0, "float32", True, True)]
 
 _GRAPH_SCRIPT = textwrap.dedent("""
-    import json, re, sys
+    import json, sys
     import numpy as np
     import jax, jax.numpy as jnp
     from jax_selscan import linear_scan

@@ -9,6 +9,16 @@ docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md came from (package installed first):
 
 (The round-3 profile: regex "fwd_staged|bwd_kernel", also --section ComputeWorkloadAnalysis
 --section InstructionStats; SS_PROFILE_DTYPE=bfloat16 for 16-bit activations.)
+
+Session 6's per-instruction profiles (PERFORMANCE_SELECTIVE_SCAN_CUDA.md section 6), per kernel
+K in fwd_staged / bwd_staged:
+
+    ncu --clock-control none -k regex:K -c 1 --set full --import-source yes -o K python3 -P cuda/tools/ss_profile.py
+    ncu --import K.ncu-rep --page details > K_details.txt
+    ncu --import K.ncu-rep --page source --csv --print-source sass > K_sass.csv
+
+The SASS table's "Instructions Executed" and "Warp Stall Sampling" columns were summed per
+opcode and per execution count (loop level) to find the costs quoted there.
 """
 import os
 
