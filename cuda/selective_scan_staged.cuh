@@ -119,9 +119,24 @@ __device__ __forceinline__ void reduce_store(float (&v)[kG], int q, float* Y) {
   for (int i = 0; i < kHeld; ++i) Y[base + i] = v[i];
 }
 
-// Shared-memory floats of one buffer for NP (padded) states.
+// The forward's shared-memory layouts, chosen against bank conflicts (ncu: the tile buffers'
+// wavefronts bound the kernel; PERFORMANCE_SELECTIVE_SCAN_CUDA 7.2). X (float4 per element):
+// row stride kSX, step i of a row at xswz(i), so that the 8 threads of a quarter warp staging
+// steps 4k + e of one row hit 8 distinct 16-byte bank groups. y: row stride kYS plus one
+// float per 8 steps, so that 4 rows x 8 consecutive steps (the reduce-scatter's stores) and
+// 4 rows x steps 4k + e (the write-out's loads) each fall in 32 distinct banks.
+__host__ __device__ constexpr int xswz(int i) { return i ^ ((i >> 3) & 3); }
+constexpr int kYS = 40;
+__host__ __device__ constexpr int yidx(int r, int i) { return r * kYS + i + (i >> 3); }
+static_assert(yidx(kSRows - 1, kST - 1) < kSRows * kYS, "y fits its rows");
+
+// Shared-memory floats of one buffer for NP (padded) states; the kernel's dynamic shared
+// memory: two buffers and the rows' delta bias and output multiplier.
 __host__ __device__ constexpr int staged_buf_floats(int NP) {
-  return kSRows * kSX * 4 + kST * NP * 2 + kSRows * kSX;
+  return kSRows * kSX * 4 + kST * NP * 2 + kSRows * kYS;
+}
+__host__ __device__ constexpr size_t staged_smem_bytes(int NP) {
+  return sizeof(float) * (2 * staged_buf_floats(NP) + 2 * kSRows);
 }
 
 // Whether the staged kernel takes this problem: varying B and C whose groups never split a
@@ -201,7 +216,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 #pragma unroll
     for (int m = 0; m < BPT; ++m) {
       const int w = tid + m * NT;
-      const int n = w / (kST / 4), i0 = (w % (kST / 4)) * 4;
+      const int n = w % NP, i0 = (w / NP) * 4;  // state fastest: conflict-free BC stores
       const bool ok = w < BCV && n < N;
       const int64_t t = ok ? t0 + i0 : -kST;
       load_vec(Bp + (ok ? n : 0) * L, t, rb[m]);
@@ -209,6 +224,18 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     }
   };
   auto slot = [&](int i) { return tm.slot(i); };
+  // The block's rows' delta bias and output multiplier (add = addmul * u), read once into
+  // shared memory rather than from global memory per tile (each such read stalled the
+  // staging; registers for them made the 80-register kernels spill).
+  float* RB = smem + 2 * BUF;
+  float* RM = RB + kSRows;
+  if (tid < kSRows) {
+    const int64_t dd = d0 + tid < Dm ? d0 + tid : 0;
+    const float Dd = p.Dskip ? p.Dskip[dd] : 0.f;
+    RB[tid] = p.delta_bias ? p.delta_bias[dd] : 0.f;
+    RM[tid] = mode == kFinal ? Dd : (mode == kAddY ? 2.f * Dd : 0.f);
+  }
+  __syncthreads();
   auto stage_tile = [&](int64_t k, float* buf) {
     const int64_t t0 = tm.t0(k);
     float4* X = reinterpret_cast<float4*>(buf);
@@ -221,11 +248,9 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       if (v >= kSVec) continue;
       const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
       const bool ok = d0 + rr < Dm;
-      const int64_t dd = ok ? d0 + rr : 0, t = t0 + i0;
+      const int64_t t = t0 + i0;
       const bool full = ok && t >= 0 && t + 3 < L;  // always, or never, when L % 4 == 0
-      const float bias = p.delta_bias ? p.delta_bias[dd] : 0.f;
-      const float Dd = p.Dskip ? p.Dskip[dd] : 0.f;
-      const float addmul = mode == kFinal ? Dd : (mode == kAddY ? 2.f * Dd : 0.f);
+      const float bias = RB[rr], addmul = RM[rr];
       float uv[4], dv[4], zv[4] = {0.f, 0.f, 0.f, 0.f};
       ru[m].get(uv);
       rd[m].get(dv);
@@ -237,7 +262,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         const float xb = dv[e] + bias;
         const float dt = p.softplus ? softplus_fast(xb) : xb;
         const float g = gated ? silu_fast(zv[e]) : 1.f;
-        X[rr * kSX + slot(i0 + e)] =
+        X[rr * kSX + xswz(slot(i0 + e))] =
             valid ? make_float4(dt, dt * uv[e], addmul * uv[e], g) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
@@ -245,7 +270,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     for (int m = 0; m < BPT; ++m) {
       const int w = tid + m * NT;
       if (w >= BCV) continue;
-      const int n = w / (kST / 4), i0 = (w % (kST / 4)) * 4;
+      const int n = w % NP, i0 = (w / NP) * 4;
       float bv[4], cv[4] = {0.f, 0.f, 0.f, 0.f};
       rb[m].get(bv);
       if (outputs) rc[m].get(cv);
@@ -266,9 +291,9 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     // no shared-memory store sits between the steps of a group.
     const float4* X = reinterpret_cast<const float4*>(buf) + r * kSX;
     const float* BC = buf + kSRows * kSX * 4 + 2 * q * NS;
-    float* Y = buf + kSRows * kSX * 4 + kST * NP * 2 + r * kSX;
+    float* Y = buf + kSRows * kSX * 4 + kST * NP * 2;
     auto step = [&](int j) {
-      const float4 x = X[j];
+      const float4 x = X[xswz(j)];
       const float* bc = BC + j * NP * 2;
       float y = 0.f;
 #pragma unroll
@@ -296,12 +321,13 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         float y[kG];
 #pragma unroll
         for (int g = 0; g < kG; ++g) y[g] = step(j0 + g);
-        reduce_store<P>(y, q, Y + j0);
+        static_assert(kG == 8, "yidx: a group's 8 steps are contiguous from yidx(r, j0)");
+        reduce_store<P>(y, q, Y + yidx(r, j0));
       }
     } else {
 #pragma unroll
       for (int j = 0; j < kST; ++j) {
-        if (mode == kChunkEnd) S += X[j].x;  // padding steps have dt = 0
+        if (mode == kChunkEnd) S += X[xswz(j)].x;  // padding steps have dt = 0
         else if (j % kCk == 0) {
           const int64_t s = k * kST + j;
           if (s < L && rlive) {
@@ -328,9 +354,9 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         float o[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int sl = rr * kSX + slot(i0 + e);
-          const float4 x = Xb[sl];
-          o[e] = Yb[sl] + x.z;
+          const int sl = slot(i0 + e);
+          const float4 x = Xb[rr * kSX + xswz(sl)];
+          o[e] = Yb[yidx(rr, sl)] + x.z;
           if (mode == kAddY) o[e] += (t + e >= 0 && t + e < L) ? a.ybuf[base + t + e] : 0.f;
           o[e] *= x.w;
         }
@@ -366,7 +392,7 @@ template <class T, int P, int NS>
 cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const size_t smem = 2 * sizeof(float) * staged_buf_floats(P * NS);
+  const size_t smem = staged_smem_bytes(P * NS);
   auto kern = fwd_staged_kernel<T, P, NS>;
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
@@ -391,7 +417,7 @@ template <class T, int P, int NS>
 int staged_blocks_per_sm() {
   static const int n = [] {
     // The occupancy query counts dynamic shared memory above 48 KB only once allowed.
-    const int smem = static_cast<int>(2 * sizeof(float) * staged_buf_floats(P * NS));
+    const int smem = static_cast<int>(staged_smem_bytes(P * NS));
     cudaFuncSetAttribute(fwd_staged_kernel<T, P, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     int k = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&k, fwd_staged_kernel<T, P, NS>, kSRows * P,

@@ -384,3 +384,81 @@ def test_staged_backward_mirror(P, rev, L):
     if L > 4:
         assert not close(staged_backward(rows, B, C, dout, dlast, P, rev, broken="halves"))
     assert close(staged_backward(rows, B, C, dout, dlast, P, rev))
+
+
+# --- the staged forward's shared-memory layouts (bank conflicts) ------------------------------
+
+def _forward_layouts():
+    """xswz, yidx and the strides, read from cuda/selective_scan_staged.cuh (their C++ bodies are
+    also valid Python expressions), so this checks what the kernel compiles."""
+    import pathlib
+    import re
+    src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "selective_scan_staged.cuh").read_text()
+    const = {k: int(re.search(rf"constexpr int {k} = (\d+);", src).group(1)) for k in ("kSRows", "kST", "kYS")}
+    assert re.search(r"constexpr int kSX = kST \+ 1;", src)
+    const["kSX"] = const["kST"] + 1
+    xs = re.search(r"int xswz\(int i\) \{ return (.+?); \}", src).group(1)
+    ys = re.search(r"int yidx\(int r, int i\) \{ return (.+?); \}", src).group(1)
+    return const, (lambda i: eval(xs, {}, {"i": i})), (lambda r, i: eval(ys, dict(const), {"r": r, "i": i}))
+
+
+def _wavefronts(addrs, width):
+    """Shared-memory wavefronts of one warp access: byte addresses of 32 threads, `width`
+    bytes each (4, 8, 16: processed in phases of 32, 16, 8 threads); distinct addresses in one
+    bank (4-byte words mod 32) serialise, equal ones broadcast."""
+    per = 128 // width
+    total = 0
+    for p0 in range(0, 32, per):
+        banks = {}
+        for a in set(addrs[p0:p0 + per]):
+            for w in range(width // 4):
+                banks.setdefault((a // 4 + w) % 32, set()).add(a // 4 + w)
+        total += max(len(v) for v in banks.values())
+    return total
+
+
+def _forward_layout_cost(xswz, yidx, c, bc_state_fastest=True):
+    """Excess wavefronts over the ideal for the forward's tile accesses, P = 8 and P = 4 lanes."""
+    S, X, T = c["kSRows"], c["kSX"], c["kST"]
+    excess = 0
+    for warp in range(S * (T // 4) // 32):  # staging X stores (STS.128), thread v: row v / 8, steps 4 (v % 8) + e
+        for e in range(4):
+            a = [16 * ((v // 8) * X + xswz(4 * (v % 8) + e)) for v in range(32 * warp, 32 * warp + 32)]
+            excess += _wavefronts(a, 16) - 4
+            a = [16 * ((v // 8) * X + xswz(4 * (v % 8) + e)) + 8 for v in range(32 * warp, 32 * warp + 32)]
+            excess += _wavefronts(a, 8) - 4  # the write-out's LDS.64 of (add, gate): 2 rows per
+            # half warp over 8 bank groups, 2 wavefronts per half warp at best
+            a = [4 * yidx(v // 8, 4 * (v % 8) + e) for v in range(32 * warp, 32 * warp + 32)]
+            excess += _wavefronts(a, 4) - 1  # the write-out's y loads
+    for P in (8, 4):  # the reduce-scatter's y stores: lane q of row r holds steps j0 + (8 / P) q' + i
+        held = max(1, 8 // P)
+        for w in range(S * P // 32):
+            for j0 in range(0, T, 8):
+                for i in range(held):
+                    a = [4 * yidx(32 * w // P + l // P, j0 + held * (l % P) + i) for l in range(32)]
+                    excess += _wavefronts(a, 4) - 1
+    NP = 16  # (B, C) stores, float2 per (step, state): thread w -> state, 4 steps
+    for w0 in range(0, NP * T // 4, 32):
+        for e in range(4):
+            ws = range(w0, w0 + 32)
+            nq = [(w % NP, (w // NP) * 4) if bc_state_fastest else (w // (T // 4), (w % (T // 4)) * 4) for w in ws]
+            a = [8 * ((i0 + e) * NP + n) for n, i0 in nq]
+            excess += _wavefronts(a, 8) - 2
+    return excess
+
+
+def test_forward_shared_layouts():
+    c, xswz, yidx = _forward_layouts()
+    S, X, T = c["kSRows"], c["kSX"], c["kST"]
+    assert sorted(xswz(i) for i in range(T)) == list(range(T))  # a permutation within the row
+    ys = {yidx(r, i) for r in range(S) for i in range(T)}
+    assert len(ys) == S * T and max(ys) < S * c["kYS"]  # injective, inside its rows
+    for j0 in range(0, T, 8):  # a reduce-scatter group's 8 steps are contiguous
+        assert all(yidx(3, j0 + m) == yidx(3, j0) + m for m in range(8))
+    # the checker first catches the old layouts (row stride 33 for y, no swizzle, (B, C) by state)
+    old = _forward_layout_cost(lambda i: i, lambda r, i: r * X + i, c, bc_state_fastest=False)
+    assert old > 0
+    new = _forward_layout_cost(xswz, yidx, c)
+    # what is left: the 4-lane geometry's reduce-scatter stores, 2-way (16 banks of 32)
+    p4 = (S * 4 // 32) * (T // 8) * 2
+    assert new == p4 and old > 20 * p4, (new, p4, old)
