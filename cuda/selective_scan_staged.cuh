@@ -119,13 +119,17 @@ __device__ __forceinline__ void reduce_store(float (&v)[kG], int q, float* Y) {
   for (int i = 0; i < kHeld; ++i) Y[base + i] = v[i];
 }
 
-// The forward's shared-memory layouts, chosen against bank conflicts (ncu: the tile buffers'
-// wavefronts bound the kernel; PERFORMANCE_SELECTIVE_SCAN_CUDA 7.2). X (float4 per element):
-// row stride kSX, step i of a row at xswz(i), so that the 8 threads of a quarter warp staging
-// steps 4k + e of one row hit 8 distinct 16-byte bank groups. y: row stride kYS plus one
-// float per 8 steps, so that 4 rows x 8 consecutive steps (the reduce-scatter's stores) and
-// 4 rows x steps 4k + e (the write-out's loads) each fall in 32 distinct banks.
-__host__ __device__ constexpr int xswz(int i) { return i ^ ((i >> 3) & 3); }
+// The forward's staging and write-out threads, and its shared-memory layouts, chosen against
+// bank conflicts (PERFORMANCE_SELECTIVE_SCAN_CUDA 7.2). Vector v (4 steps of one row) of a
+// tile: warp v / 32 takes rows 4 (v / 32) .. + 3, whole (still 4 full 128-byte lines per warp
+// load), lane l the row 4 (v / 32) + l % 4 and the steps 4 (l / 4) ..; so a quarter warp
+// (8 lanes) holds 4 rows x 2 vectors and its float4 accesses to X (row stride kSX = 33) fall
+// in 8 distinct 16-byte bank groups. y: row stride kYS plus one float per 8 steps, so that
+// 4 rows x 8 consecutive steps (the reduce-scatter's stores) and 4 rows x steps 4k + e (the
+// write-out's loads) each fall in 32 distinct banks.
+__device__ __forceinline__ int vec_row(int v) { return 4 * (v >> 5) + (v & 3); }
+__device__ __forceinline__ int vec_step(int v) { return ((v & 31) >> 2) * 4; }
+static_assert(kST == 32, "vec_row / vec_step: 8 vectors per row");
 constexpr int kYS = 40;
 __host__ __device__ constexpr int yidx(int r, int i) { return r * kYS + i + (i >> 3); }
 static_assert(yidx(kSRows - 1, kST - 1) < kSRows * kYS, "y fits its rows");
@@ -205,7 +209,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 #pragma unroll
     for (int m = 0; m < VPT; ++m) {
       const int v = tid + m * NT;
-      const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const int rr = vec_row(v), i0 = vec_step(v);
       const bool ok = v < kSVec && d0 + rr < Dm;
       const int64_t base = (b * Dm + (ok ? d0 + rr : 0)) * L;
       const int64_t t = ok ? t0 + i0 : -kST;  // a dead vector reads nothing
@@ -246,7 +250,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     for (int m = 0; m < VPT; ++m) {
       const int v = tid + m * NT;
       if (v >= kSVec) continue;
-      const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const int rr = vec_row(v), i0 = vec_step(v);
       const bool ok = d0 + rr < Dm;
       const int64_t t = t0 + i0;
       const bool full = ok && t >= 0 && t + 3 < L;  // always, or never, when L % 4 == 0
@@ -262,7 +266,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         const float xb = dv[e] + bias;
         const float dt = p.softplus ? softplus_fast(xb) : xb;
         const float g = gated ? silu_fast(zv[e]) : 1.f;
-        X[rr * kSX + xswz(slot(i0 + e))] =
+        X[rr * kSX + slot(i0 + e)] =
             valid ? make_float4(dt, dt * uv[e], addmul * uv[e], g) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
@@ -293,7 +297,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     const float* BC = buf + kSRows * kSX * 4 + 2 * q * NS;
     float* Y = buf + kSRows * kSX * 4 + kST * NP * 2;
     auto step = [&](int j) {
-      const float4 x = X[xswz(j)];
+      const float4 x = X[j];
       const float* bc = BC + j * NP * 2;
       float y = 0.f;
 #pragma unroll
@@ -327,7 +331,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     } else {
 #pragma unroll
       for (int j = 0; j < kST; ++j) {
-        if (mode == kChunkEnd) S += X[xswz(j)].x;  // padding steps have dt = 0
+        if (mode == kChunkEnd) S += X[j].x;  // padding steps have dt = 0
         else if (j % kCk == 0) {
           const int64_t s = k * kST + j;
           if (s < L && rlive) {
@@ -348,14 +352,14 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 #pragma unroll
       for (int m = 0; m < VPT; ++m) {
         const int v = tid + m * NT;
-        const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+        const int rr = vec_row(v), i0 = vec_step(v);
         if (v >= kSVec || d0 + rr >= Dm) continue;
         const int64_t base = (b * Dm + d0 + rr) * L, t = t0 + i0;
         float o[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int sl = slot(i0 + e);
-          const float4 x = Xb[rr * kSX + xswz(sl)];
+          const float4 x = Xb[rr * kSX + sl];
           o[e] = Yb[yidx(rr, sl)] + x.z;
           if (mode == kAddY) o[e] += (t + e >= 0 && t + e < L) ? a.ybuf[base + t + e] : 0.f;
           o[e] *= x.w;

@@ -389,17 +389,19 @@ def test_staged_backward_mirror(P, rev, L):
 # --- the staged forward's shared-memory layouts (bank conflicts) ------------------------------
 
 def _forward_layouts():
-    """xswz, yidx and the strides, read from cuda/selective_scan_staged.cuh (their C++ bodies are
-    also valid Python expressions), so this checks what the kernel compiles."""
+    """The staging threads' (row, step) of vector v, yidx and the strides, read from
+    cuda/selective_scan_staged.cuh (the C++ bodies are also Python expressions), so this checks
+    what the kernel compiles."""
     import pathlib
     import re
     src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "selective_scan_staged.cuh").read_text()
     const = {k: int(re.search(rf"constexpr int {k} = (\d+);", src).group(1)) for k in ("kSRows", "kST", "kYS")}
     assert re.search(r"constexpr int kSX = kST \+ 1;", src)
     const["kSX"] = const["kST"] + 1
-    xs = re.search(r"int xswz\(int i\) \{ return (.+?); \}", src).group(1)
-    ys = re.search(r"int yidx\(int r, int i\) \{ return (.+?); \}", src).group(1)
-    return const, (lambda i: eval(xs, {}, {"i": i})), (lambda r, i: eval(ys, dict(const), {"r": r, "i": i}))
+    body = lambda name, args: re.search(rf"int {name}\({args}\) \{{ return (.+?); \}}", src).group(1)
+    vr, vs, ys = body("vec_row", "int v"), body("vec_step", "int v"), body("yidx", "int r, int i")
+    vec = lambda v: (eval(vr, {}, {"v": v}), eval(vs, {}, {"v": v}))
+    return const, vec, (lambda r, i: eval(ys, dict(const), {"r": r, "i": i}))
 
 
 def _wavefronts(addrs, width):
@@ -417,18 +419,19 @@ def _wavefronts(addrs, width):
     return total
 
 
-def _forward_layout_cost(xswz, yidx, c, bc_state_fastest=True):
-    """Excess wavefronts over the ideal for the forward's tile accesses, P = 8 and P = 4 lanes."""
+def _forward_layout_cost(vec, yidx, c, bc_state_fastest=True):
+    """Excess wavefronts over the ideal for the forward's tile accesses, P = 8 and P = 4 lanes;
+    vec(v) = (row, first step) of the staging / write-out thread's vector v."""
     S, X, T = c["kSRows"], c["kSX"], c["kST"]
     excess = 0
-    for warp in range(S * (T // 4) // 32):  # staging X stores (STS.128), thread v: row v / 8, steps 4 (v % 8) + e
+    for warp in range(S * (T // 4) // 32):
+        rows = [vec(v) for v in range(32 * warp, 32 * warp + 32)]
         for e in range(4):
-            a = [16 * ((v // 8) * X + xswz(4 * (v % 8) + e)) for v in range(32 * warp, 32 * warp + 32)]
-            excess += _wavefronts(a, 16) - 4
-            a = [16 * ((v // 8) * X + xswz(4 * (v % 8) + e)) + 8 for v in range(32 * warp, 32 * warp + 32)]
-            excess += _wavefronts(a, 8) - 4  # the write-out's LDS.64 of (add, gate): 2 rows per
-            # half warp over 8 bank groups, 2 wavefronts per half warp at best
-            a = [4 * yidx(v // 8, 4 * (v % 8) + e) for v in range(32 * warp, 32 * warp + 32)]
+            a = [16 * (rr * X + i0 + e) for rr, i0 in rows]
+            excess += _wavefronts(a, 16) - 4  # staging X stores (STS.128)
+            excess += _wavefronts([x + 8 for x in a], 8) - 4  # the write-out's LDS.64 of (add,
+            # gate): 4 rows x 4 vectors per half warp over 8 bank groups, 2 wavefronts at best
+            a = [4 * yidx(rr, i0 + e) for rr, i0 in rows]
             excess += _wavefronts(a, 4) - 1  # the write-out's y loads
     for P in (8, 4):  # the reduce-scatter's y stores: lane q of row r holds steps j0 + (8 / P) q' + i
         held = max(1, 8 // P)
@@ -448,17 +451,19 @@ def _forward_layout_cost(xswz, yidx, c, bc_state_fastest=True):
 
 
 def test_forward_shared_layouts():
-    c, xswz, yidx = _forward_layouts()
+    c, vec, yidx = _forward_layouts()
     S, X, T = c["kSRows"], c["kSX"], c["kST"]
-    assert sorted(xswz(i) for i in range(T)) == list(range(T))  # a permutation within the row
+    vs = [vec(v) for v in range(S * T // 4)]  # every vector of the tile exactly once, a warp's 4 whole rows
+    assert sorted(vs) == [(r, 4 * k) for r in range(S) for k in range(T // 4)]
+    assert all(len({vs[v][0] for v in range(w, w + 32)}) == 4 for w in range(0, S * T // 4, 32))
     ys = {yidx(r, i) for r in range(S) for i in range(T)}
     assert len(ys) == S * T and max(ys) < S * c["kYS"]  # injective, inside its rows
     for j0 in range(0, T, 8):  # a reduce-scatter group's 8 steps are contiguous
         assert all(yidx(3, j0 + m) == yidx(3, j0) + m for m in range(8))
     # the checker first catches the old layouts (row stride 33 for y, no swizzle, (B, C) by state)
-    old = _forward_layout_cost(lambda i: i, lambda r, i: r * X + i, c, bc_state_fastest=False)
+    old = _forward_layout_cost(lambda v: (v // 8, 4 * (v % 8)), lambda r, i: r * X + i, c, bc_state_fastest=False)
     assert old > 0
-    new = _forward_layout_cost(xswz, yidx, c)
+    new = _forward_layout_cost(vec, yidx, c)
     # what is left: the 4-lane geometry's reduce-scatter stores, 2-way (16 banks of 32)
     p4 = (S * 4 // 32) * (T // 8) * 2
     assert new == p4 and old > 20 * p4, (new, p4, old)
