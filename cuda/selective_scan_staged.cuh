@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 
 #include "selective_scan_kernels.cuh"
 
@@ -471,6 +472,10 @@ cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   if (N > 64) return launch_staged<T, 16, 8>(a, chunks, stream);
   if (N > 32) return launch_staged<T, 8, 8>(a, chunks, stream);
   if (N > 16) return launch_staged<T, 8, 4>(a, chunks, stream);
+  if (const char* e = std::getenv("JAX_SELSCAN_SS_FWD_LANES")) {  // 4 or 8: force (measurements)
+    if (e[0] == '4') return launch_staged<T, 4, 4>(a, chunks, stream);
+    if (e[0] == '8') return launch_staged<T, 8, 2>(a, chunks, stream);
+  }
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows) * chunks;
   const double f4 = wave_fill(blocks, staged_blocks_per_sm<T, 4, 4>());
   const double f8 = wave_fill(blocks, staged_blocks_per_sm<T, 8, 2>());
