@@ -324,37 +324,8 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
           }
         }
         float y[kG];
-        if constexpr (NS <= 4) {
-          // The group's decays first: its kG X loads and kG * NS exponentials do not depend on
-          // the state, so issued ahead of the h chain their shared-memory and MUFU latencies
-          // overlap (the walk stalled on them: ncu's short scoreboard, PERFORMANCE 7.3). The
-          // same operations as step(), so the same bits.
-          float E[kG][NS], U[kG];
 #pragma unroll
-          for (int g = 0; g < kG; ++g) {
-            const float4 x = X[j0 + g];
-            U[g] = x.y;
-#pragma unroll
-            for (int s = 0; s < NS; ++s) E[g][s] = fast_exp2(x.x * a2[s]);
-          }
-#pragma unroll
-          for (int g = 0; g < kG; ++g) {
-            const float* bc = BC + (j0 + g) * NP * 2;
-            float yy = 0.f;
-#pragma unroll
-            for (int s2 = 0; s2 < NS; s2 += 2) {
-              const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s2);
-              h[s2] = fmaf(E[g][s2], h[s2], U[g] * v.x);
-              yy = fmaf(v.y, h[s2], yy);
-              h[s2 + 1] = fmaf(E[g][s2 + 1], h[s2 + 1], U[g] * v.z);
-              yy = fmaf(v.w, h[s2 + 1], yy);
-            }
-            y[g] = yy;
-          }
-        } else {
-#pragma unroll
-          for (int g = 0; g < kG; ++g) y[g] = step(j0 + g);
-        }
+        for (int g = 0; g < kG; ++g) y[g] = step(j0 + g);
         static_assert(kG == 8, "yidx: a group's 8 steps are contiguous from yidx(r, j0)");
         reduce_store<P>(y, q, Y + yidx(r, j0));
       }
