@@ -131,6 +131,10 @@ __device__ __forceinline__ void reduce_store(float (&v)[kG], int q, float* Y) {
 __device__ __forceinline__ int vec_row(int v) { return 4 * (v >> 5) + (v & 3); }
 __device__ __forceinline__ int vec_step(int v) { return ((v & 31) >> 2) * 4; }
 static_assert(kST == 32, "vec_row / vec_step: 8 vectors per row");
+// (B, C) vector w of a tile (4 steps of one of NP states), forward and backward alike: state
+// fastest, so the staging's float2 stores of a half warp hit 32 distinct banks.
+__device__ __forceinline__ int bc_state(int w, int NP) { return w % NP; }
+__device__ __forceinline__ int bc_step(int w, int NP) { return (w / NP) * 4; }
 constexpr int kYS = 40;
 __host__ __device__ constexpr int yidx(int r, int i) { return r * kYS + i + (i >> 3); }
 static_assert(yidx(kSRows - 1, kST - 1) < kSRows * kYS, "y fits its rows");
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 #pragma unroll
     for (int m = 0; m < BPT; ++m) {
       const int w = tid + m * NT;
-      const int n = w % NP, i0 = (w / NP) * 4;  // state fastest: conflict-free BC stores
+      const int n = bc_state(w, NP), i0 = bc_step(w, NP);
       const bool ok = w < BCV && n < N;
       const int64_t t = ok ? t0 + i0 : -kST;
       load_vec(Bp + (ok ? n : 0) * L, t, rb[m]);
@@ -275,7 +279,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     for (int m = 0; m < BPT; ++m) {
       const int w = tid + m * NT;
       if (w >= BCV) continue;
-      const int n = w % NP, i0 = (w / NP) * 4;
+      const int n = bc_state(w, NP), i0 = bc_step(w, NP);
       float bv[4], cv[4] = {0.f, 0.f, 0.f, 0.f};
       rb[m].get(bv);
       if (outputs) rc[m].get(cv);

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
 #pragma unroll
     for (int m = 0; m < BPT; ++m) {
       const int w = tid + m * NT;
-      const int n = w % NP, i0 = (w / NP) * 4;  // state fastest: conflict-free BCs stores
+      const int n = bc_state(w, NP), i0 = bc_step(w, NP);
       const bool ok = w < BCV && n < N;
       const int64_t t = ok ? t0 + i0 : -kST;
       load_vec(Bp + (ok ? n : 0) * L, t, rb[m]);
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     for (int m = 0; m < BPT; ++m) {
       const int w = tid + m * NT;
       if (w >= BCV) continue;
-      const int n = w % NP, i0 = (w / NP) * 4;  // state fastest: conflict-free BCs stores
+      const int n = bc_state(w, NP), i0 = bc_step(w, NP);
       float bv[4], cv[4];
       rb[m].get(bv);
       rc[m].get(cv);
