@@ -207,16 +207,52 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   const TileMap tm{L, rev};
   auto load_vec = [&](const T* src, int64_t t, Raw4<T>& v) { load_raw4(src, t, L, vec, v); };
 
+  // Where this thread's staging vectors start, fixed over the tiles: in u / delta / z, the
+  // row's base plus the vector's step offset (-1: a row past D); in B / C, the state's row plus
+  // the step offset (-1: a padded state). A tile then adds only its first time.
+  int64_t voff[VPT], boff[BPT];
+#pragma unroll
+  for (int m = 0; m < VPT; ++m) {
+    const int v = tid + m * NT;
+    voff[m] = v < kSVec && d0 + vec_row(v) < Dm ? (b * Dm + d0 + vec_row(v)) * L + vec_step(v) : -1;
+  }
+#pragma unroll
+  for (int m = 0; m < BPT; ++m) {
+    const int w = tid + m * NT;
+    boff[m] = w < BCV && bc_state(w, NP) < N ? bc_state(w, NP) * L + bc_step(w, NP) : -1;
+  }
+  // Whether tile k lies wholly inside [0, L) with 16-byte vectors (uniform over the block):
+  // then no vector needs a bounds check.
+  auto tile_inside = [&](int64_t t0) { return vec && t0 >= 0 && t0 + kST <= L; };
+
   // Registers holding the next tile.
   Raw4<T> ru[VPT], rd[VPT], rz[VPT], rb[BPT], rc[BPT];
   auto load_tile = [&](int64_t k) {
     const int64_t t0 = tm.t0(k);
+    if (tile_inside(t0)) {
+#pragma unroll
+      for (int m = 0; m < VPT; ++m) {
+        ru[m].zero(); rd[m].zero(); rz[m].zero();
+        if (voff[m] < 0) continue;
+        const int64_t o = voff[m] + t0;
+        ru[m].load4(u, o);
+        rd[m].load4(de, o);
+        if (z) rz[m].load4(z, o);
+      }
+#pragma unroll
+      for (int m = 0; m < BPT; ++m) {
+        rb[m].zero(); rc[m].zero();
+        if (boff[m] < 0) continue;
+        rb[m].load4(Bp, boff[m] + t0);
+        if (outputs) rc[m].load4(Cp, boff[m] + t0);
+      }
+      return;
+    }
 #pragma unroll
     for (int m = 0; m < VPT; ++m) {
-      const int v = tid + m * NT;
-      const int rr = vec_row(v), i0 = vec_step(v);
-      const bool ok = v < kSVec && d0 + rr < Dm;
-      const int64_t base = (b * Dm + (ok ? d0 + rr : 0)) * L;
+      const int i0 = vec_step(tid + m * NT);
+      const bool ok = voff[m] >= 0;
+      const int64_t base = ok ? voff[m] - i0 : 0;
       const int64_t t = ok ? t0 + i0 : -kST;  // a dead vector reads nothing
       load_vec(u + base, t, ru[m]);
       load_vec(de + base, t, rd[m]);
@@ -224,12 +260,12 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     }
 #pragma unroll
     for (int m = 0; m < BPT; ++m) {
-      const int w = tid + m * NT;
-      const int n = bc_state(w, NP), i0 = bc_step(w, NP);
-      const bool ok = w < BCV && n < N;
+      const int i0 = bc_step(tid + m * NT, NP);
+      const bool ok = boff[m] >= 0;
       const int64_t t = ok ? t0 + i0 : -kST;
-      load_vec(Bp + (ok ? n : 0) * L, t, rb[m]);
-      if (outputs) load_vec(Cp + (ok ? n : 0) * L, t, rc[m]);
+      const int64_t base = ok ? boff[m] - i0 : 0;
+      load_vec(Bp + base, t, rb[m]);
+      if (outputs) load_vec(Cp + base, t, rc[m]);
     }
   };
   auto slot = [&](int i) { return tm.slot(i); };
@@ -264,15 +300,22 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       ru[m].get(uv);
       rd[m].get(dv);
       if (gated) rz[m].get(zv);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        // Branch-free: every element is computed (padding reads as 0), then masked.
-        const bool valid = full || (ok && t + e >= 0 && t + e < L);
+      auto elem = [&](int e) {
         const float xb = dv[e] + bias;
         const float dt = p.softplus ? softplus_fast(xb) : xb;
         const float g = gated ? silu_fast(zv[e]) : 1.f;
-        X[rr * kSX + slot(i0 + e)] =
-            valid ? make_float4(dt, dt * uv[e], addmul * uv[e], g) : make_float4(0.f, 0.f, 0.f, 0.f);
+        return make_float4(dt, dt * uv[e], addmul * uv[e], g);
+      };
+      float4* Xr = X + rr * kSX;
+      if (full) {  // every tile but a sequence's last: no per-element bounds
+#pragma unroll
+        for (int e = 0; e < 4; ++e) Xr[slot(i0 + e)] = elem(e);
+      } else {  // padding reads as 0; masked to the identity step (dt = 0)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool valid = ok && t + e >= 0 && t + e < L;
+          Xr[slot(i0 + e)] = valid ? elem(e) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
       }
     }
 #pragma unroll
@@ -354,31 +397,33 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       const int64_t t0 = tm.t0(k);
       const float4* Xb = reinterpret_cast<const float4*>(buf);
       const float* Yb = buf + kSRows * kSX * 4 + kST * NP * 2;
+      const bool inside = tile_inside(t0);
 #pragma unroll
       for (int m = 0; m < VPT; ++m) {
+        if (voff[m] < 0) continue;
         const int v = tid + m * NT;
         const int rr = vec_row(v), i0 = vec_step(v);
-        if (v >= kSVec || d0 + rr >= Dm) continue;
-        const int64_t base = (b * Dm + d0 + rr) * L, t = t0 + i0;
+        const int64_t o0 = voff[m] + t0, t = t0 + i0;  // o0: the element of time t
+        auto live = [&](int e) { return inside || (t + e >= 0 && t + e < L); };
         float o[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int sl = slot(i0 + e);
           const float4 x = Xb[rr * kSX + sl];
           o[e] = Yb[yidx(rr, sl)] + x.z;
-          if (mode == kAddY) o[e] += (t + e >= 0 && t + e < L) ? a.ybuf[base + t + e] : 0.f;
+          if (mode == kAddY) o[e] += live(e) ? a.ybuf[o0 + e] : 0.f;
           o[e] *= x.w;
         }
         if (mode == kRawY) {
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (t + e >= 0 && t + e < L) a.ybuf[base + t + e] = o[e];
+            if (live(e)) a.ybuf[o0 + e] = o[e];
         } else if (vec && t >= 0 && t < L) {
-          Io<T>::st4(static_cast<T*>(a.out), base + t, o);
+          Io<T>::st4(static_cast<T*>(a.out), o0, o);
         } else if (!vec) {
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (t + e >= 0 && t + e < L) Io<T>::st(static_cast<T*>(a.out), base + t + e, o[e]);
+            if (t + e >= 0 && t + e < L) Io<T>::st(static_cast<T*>(a.out), o0 + e, o[e]);
         }
       }
     }

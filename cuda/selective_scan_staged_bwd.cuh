@@ -148,12 +148,13 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
         const float xb = dv[e] + bias;
         float dt = xb, sg = 1.f;
         if (p.softplus) {
-          dt = softplus_fast(xb);
-          sg = __fdividef(1.f, 1.f + __expf(-xb));
+          float tt;  // exp(-|xb|), shared by softplus and its derivative
+          dt = softplus_fast(xb, tt);
+          sg = sigmoid_from_t(xb, tt);
         }
         float gate = 1.f, dzf = 0.f;
         if (z) {
-          const float s = __fdividef(1.f, 1.f + __expf(-zv[e]));
+          const float s = sigmoid_fast(zv[e]);
           gate = zv[e] * s;
           dzf = gv[e] * s * fmaf(zv[e], 1.f - s, 1.f);
         }

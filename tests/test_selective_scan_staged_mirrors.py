@@ -467,3 +467,43 @@ def test_forward_shared_layouts():
     # what is left: the 4-lane geometry's reduce-scatter stores, 2-way (16 banks of 32)
     p4 = (S * 4 // 32) * (T // 8) * 2
     assert new == p4 and old > 20 * p4, (new, p4, old)
+
+
+# --- softplus_fast's polynomial (cuda/selective_scan_kernels.cuh) -----------------------------
+
+def _softplus_coefficients():
+    """The Horner coefficients of softplus_fast's q(t) = log1p(t) / t, highest degree first,
+    read from the header, so this checks what the kernels compile."""
+    import pathlib
+    import re
+    src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "selective_scan_kernels.cuh").read_text()
+    body = re.search(r"float softplus_fast\(float x, float& t_out\) \{(.+?)\n\}", src, re.S).group(1)
+    first = re.search(r"float q = ([-0-9.e]+)f;", body).group(1)
+    rest = re.findall(r"q = fmaf\(q, t, ([-0-9.e]+)f\);", body)
+    return [np.float32(c) for c in [first, *rest]]
+
+
+def _softplus_f32(x, coef):
+    """softplus_fast in float32 arithmetic (the SFU's exp2 taken as exact: its ~2^-22 error
+    enters through t only, where log1p(t) / t has a slope below 1/2)."""
+    x = np.asarray(x, np.float32)
+    t = np.exp(-np.abs(x).astype(np.float64)).astype(np.float32)
+    q = np.full_like(t, coef[0])
+    for c in coef[1:]:  # fmaf: one rounding per step
+        q = (q.astype(np.float64) * t + c).astype(np.float32)
+    return (np.maximum(x, np.float32(0)) + (q * t).astype(np.float32)).astype(np.float32)
+
+
+def test_softplus_polynomial():
+    coef = _softplus_coefficients()
+    assert len(coef) == 9
+    rng = np.random.default_rng(7)
+    x = np.concatenate([np.linspace(-30, 30, 600001), rng.normal(0, 5, 200000)]).astype(np.float32)
+    ref = np.logaddexp(0.0, x.astype(np.float64))
+    tol = 4e-7  # relative; the fit itself is 3.4e-8, the rest is float32 evaluation
+    rel = lambda c: float(np.max(np.abs(_softplus_f32(x, c) - ref) / ref))
+    assert rel(coef) <= tol, rel(coef)
+    # the check can fail: one coefficient off by 1e-4 of its value
+    bad = list(coef)
+    bad[4] = np.float32(bad[4] * (1 + 1e-4))
+    assert rel(bad) > tol
