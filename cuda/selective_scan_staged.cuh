@@ -110,14 +110,31 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[kG], int q, int& base)
   }
 }
 
+// A lane's share of a group's y sums after the reduce-scatter: kG / P sums (at least one) of
+// the steps base, base + 1, ...
+template <int P>
+struct HeldY {
+  static constexpr int kN = kG / P > 1 ? kG / P : 1;
+  float v[kN];
+  int base;
+  __device__ __forceinline__ void store(float* Y) const {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) Y[base + i] = v[i];
+  }
+};
+template <int P>
+__device__ __forceinline__ HeldY<P> reduce_hold(float (&v)[kG], int q) {
+  HeldY<P> h;
+  h.base = 0;
+  reduce_scatter<P / 2, kG>(v, q, h.base);
+#pragma unroll
+  for (int i = 0; i < HeldY<P>::kN; ++i) h.v[i] = v[i];
+  return h;
+}
 // Stores the group's y sums of one row: Y[j] for the kG steps of the group at Y.
 template <int P>
 __device__ __forceinline__ void reduce_store(float (&v)[kG], int q, float* Y) {
-  int base = 0;
-  reduce_scatter<P / 2, kG>(v, q, base);
-  constexpr int kHeld = kG / P > 1 ? kG / P : 1;
-#pragma unroll
-  for (int i = 0; i < kHeld; ++i) Y[base + i] = v[i];
+  reduce_hold<P>(v, q).store(Y);
 }
 
 // The forward's staging and write-out threads, and its shared-memory layouts, chosen against
@@ -359,23 +376,44 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       return y;
     };
     if (outputs) {
-#pragma unroll 1
-      for (int j0 = 0; j0 < kST; j0 += kG) {
-        static_assert(kG == kCk, "a group starts at a checkpoint");
-        if (a.ckpt) {  // the forward saving the backward's checkpoints
-          const int64_t s = k * kST + j0;
-          if (s < L && rlive) {
+      // The tile's 4 groups unrolled, each group's y reduction issued after the next group's
+      // first loads, so that its chain of shuffles (three levels, each waiting for the last)
+      // overlaps that group's steps instead of stalling the warp; the last group's reduction
+      // stays exposed (the write-out needs it after the barrier).
+      static_assert(kG == kCk && kST == 4 * kG, "four groups per tile, each starting at a checkpoint");
+      static_assert(kG == 8, "yidx: a group's 8 steps are contiguous from yidx(r, j0)");
+      // The forward saving the backward's checkpoints: the states entering each group.
+      float* ckp = a.ckpt && rlive ? a.ckpt + row * a.ck_row + (k * kST / kCk) * N + q * NS : nullptr;
+      auto save = [&](int j0) {
+        if (ckp && k * kST + j0 < L) {
 #pragma unroll
-            for (int sx = 0; sx < NS; ++sx)
-              if (q * NS + sx < N) a.ckpt[row * a.ck_row + (s / kCk) * N + q * NS + sx] = h[sx];
-          }
+          for (int sx = 0; sx < NS; ++sx)
+            if (q * NS + sx < N) ckp[(j0 / kCk) * N + sx] = h[sx];
         }
-        float y[kG];
+      };
+      // A group's sums are stored only after the next group's steps: a shared store ahead of
+      // them would keep their shared loads (which the compiler cannot tell apart from it)
+      // behind the whole shuffle chain.
+      float ya[kG], yb[kG];
+      save(0);
 #pragma unroll
-        for (int g = 0; g < kG; ++g) y[g] = step(j0 + g);
-        static_assert(kG == 8, "yidx: a group's 8 steps are contiguous from yidx(r, j0)");
-        reduce_store<P>(y, q, Y + yidx(r, j0));
-      }
+      for (int g = 0; g < kG; ++g) ya[g] = step(g);
+      save(kG);
+      HeldY<P> ha = reduce_hold<P>(ya, q);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) yb[g] = step(kG + g);
+      ha.store(Y + yidx(r, 0));
+      save(2 * kG);
+      HeldY<P> hb = reduce_hold<P>(yb, q);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) ya[g] = step(2 * kG + g);
+      hb.store(Y + yidx(r, kG));
+      save(3 * kG);
+      ha = reduce_hold<P>(ya, q);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) yb[g] = step(3 * kG + g);
+      ha.store(Y + yidx(r, 2 * kG));
+      reduce_store<P>(yb, q, Y + yidx(r, 3 * kG));
     } else {
 #pragma unroll
       for (int j = 0; j < kST; ++j) {

@@ -257,6 +257,9 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
         }
         yv[jj] = y;
       }
+      // y of the chunk is complete: its reduce-scatter's shuffles go here, so that they overlap
+      // the adjoint's first half rather than waiting at the chunk's end (stored there).
+      const HeldY<P> yheld = reduce_hold<P>(yv, q);
       // The adjoint, backwards through the chunk; after each half, dB and dC of its steps
       // are summed over the block's rows in row order (thread -> (state, step), step
       // fastest, so that consecutive threads write consecutive times of one state).
@@ -326,7 +329,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
       }
       reduce_store<P>(ddt, q, RD + r * kSX + j0);
       reduce_store<P>(dus, q, RU + r * kSX + j0);
-      reduce_store<P>(yv, q, RY + r * kSX + j0);
+      yheld.store(RY + r * kSX + j0);
     }
     __syncthreads();
 
