@@ -1654,7 +1654,13 @@ cudaError_t resident_blocks(K kernel, int threads, size_t smem, std::atomic<int>
   out = cache[dev & 63].load(std::memory_order_relaxed);
   if (out > 0) return cudaSuccess;
   int per_sm = 0, sms = 0;
-  if (smem > 48 * 1024) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  // The opt-in is needed once static + dynamic shared memory pass the default 48 KB (the
+  // static part counts: bf16 strided_stage at 8 warps x 4 steps has 32 KB dynamic + 18 KB
+  // static and failed to launch, "invalid argument", when only the dynamic part was checked).
+  cudaFuncAttributes fa{};
+  err = cudaFuncGetAttributes(&fa, kernel);
+  if (err == cudaSuccess && smem + fa.sharedSizeBytes > 48 * 1024)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
