@@ -18,7 +18,8 @@ K in fwd_staged / bwd_staged:
     ncu --import K.ncu-rep --page source --csv --print-source sass > K_sass.csv
 
 The SASS table's "Instructions Executed" and "Warp Stall Sampling" columns were summed per
-opcode and per execution count (loop level) to find the costs quoted there.
+opcode and per execution count (loop level) to find the costs quoted there
+(`python3 cuda/tools/ncu_sass_summary.py K_sass.csv --list 20` does the per-level sums).
 """
 import os
 

@@ -1,0 +1,53 @@
+"""Summarise an Nsight Compute per-instruction table (SASS source page as CSV) by loop level.
+
+Every instruction of a loop body executes the same number of times, so grouping the SASS rows
+by "Instructions Executed" splits a kernel into its loop levels (the walk's groups, the tile
+loop, the prologue) with their share of the instructions and of the warp-stall samples. With
+--list N it also prints the N most-stalled instructions of the hottest levels. Used for the
+selective-scan profiles of docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md (sections 6 and 8):
+
+    ncu --clock-control none -k regex:fwd_staged -c 1 --set full --import-source yes -o fwd \\
+        python3 -P cuda/tools/ss_profile.py
+    ncu --import fwd.ncu-rep --page source --csv --print-source sass | gzip > fwd_sass.csv.gz
+    python3 cuda/tools/ncu_sass_summary.py fwd_sass.csv.gz --list 20
+"""
+import argparse
+import collections
+import csv
+import gzip
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv", help="the SASS source page as CSV (.gz or plain)")
+    ap.add_argument("--levels", type=int, default=10, help="loop levels to show")
+    ap.add_argument("--list", type=int, default=0, help="most-stalled instructions to show")
+    args = ap.parse_args()
+    opener = gzip.open if args.csv.endswith(".gz") else open
+    with opener(args.csv, "rt") as f:
+        rows = list(csv.reader(f))
+    head = next(i for i, r in enumerate(rows) if "Instructions Executed" in r)
+    hdr, data = rows[head], rows[head + 1:]
+    col = {k: hdr.index(k) for k in ("Source", "Instructions Executed", "Warp Stall Sampling (All Samples)")}
+    execd = [int(r[col["Instructions Executed"]] or 0) for r in data]
+    stall = [int(r[col["Warp Stall Sampling (All Samples)"]] or 0) for r in data]
+    tot, tot_s = sum(execd) or 1, sum(stall) or 1
+    print(f"{tot:,} warp-instructions, {tot_s:,} stall samples")
+    level = collections.defaultdict(lambda: [0, 0, 0])
+    for e, s in zip(execd, stall):
+        level[e][0] += 1
+        level[e][1] += e
+        level[e][2] += s
+    ranked = sorted(level.items(), key=lambda kv: -kv[1][1])[:args.levels]
+    print(f"{'executions each':>16} {'static':>7} {'instructions':>13} {'stalls':>7}")
+    for e, (n, s, st) in ranked:
+        print(f"{e:>16,} {n:>7} {s / tot:>12.1%} {st / tot_s:>7.1%}")
+    if args.list:
+        hot = {e for e, _ in ranked[:3]}
+        top = sorted((i for i, e in enumerate(execd) if e in hot), key=lambda i: -stall[i])[:args.list]
+        for i in sorted(top):
+            print(f"{i:6d} {execd[i]:>10,} {stall[i]:>6} {data[i][col['Source']].strip()[:80]}")
+
+
+if __name__ == "__main__":
+    main()
