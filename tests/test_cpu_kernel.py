@@ -17,8 +17,9 @@ import jax.numpy as jnp
 
 import jax_selscan
 
-pytestmark = pytest.mark.skipif(not jax_selscan.has_cpu_kernels,
-                                reason="jax_selscan built without its CPU kernels")
+pytestmark = [pytest.mark.skipif(not jax_selscan.has_cpu_kernels,
+                                 reason="jax_selscan built without its CPU kernels"),
+              pytest.mark.usefixtures("cpu_default_device")]  # the CPU kernels, on any machine
 
 if jax_selscan.has_cpu_kernels:
     from jax_selscan import _cpu

@@ -37,6 +37,8 @@ jax.config.update("jax_enable_x64", True)
 if not _ffi.HAS_CPU and not REQUIRE_CPU_KERNEL:
     pytest.skip("the CPU extension is not built", allow_module_level=True)
 
+pytestmark = pytest.mark.usefixtures("cpu_default_device")  # the CPU kernels, on any machine
+
 BWD = _ffi.SELECTIVE_SCAN_BWD
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")
 TOL = {np.dtype(np.float32): 1e-4, np.dtype(jnp.bfloat16): 1.6e-2, np.dtype(np.float16): 2e-3}

@@ -25,6 +25,8 @@ jax.config.update("jax_enable_x64", True)
 if not _ffi.HAS_CPU and not REQUIRE_CPU_KERNEL:
     pytest.skip("the CPU extension is not built", allow_module_level=True)
 
+pytestmark = pytest.mark.usefixtures("cpu_default_device")  # the CPU kernels, on any machine
+
 F32, BF16 = np.dtype(np.float32), np.dtype(jnp.bfloat16)
 
 
