@@ -388,13 +388,18 @@ def test_staged_backward_mirror(P, rev, L):
 
 # --- the staged forward's shared-memory layouts (bank conflicts) ------------------------------
 
+def _cuda_source(name):
+    """The text of cuda/<name>: the tests below read the kernels' own definitions from it."""
+    import pathlib
+    return (pathlib.Path(__file__).resolve().parents[1] / "cuda" / name).read_text()
+
+
 def _forward_layouts():
     """The staging threads' (row, step) of vector v, yidx and the strides, read from
     cuda/selective_scan_staged.cuh (the C++ bodies are also Python expressions), so this checks
     what the kernel compiles."""
-    import pathlib
     import re
-    src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "selective_scan_staged.cuh").read_text()
+    src = _cuda_source("selective_scan_staged.cuh")
     const = {k: int(re.search(rf"constexpr int {k} = (\d+);", src).group(1)) for k in ("kSRows", "kST", "kYS")}
     assert re.search(r"constexpr int kSX = kST \+ 1;", src)
     const["kSX"] = const["kST"] + 1
@@ -474,9 +479,8 @@ def test_forward_shared_layouts():
 def _softplus_coefficients():
     """The Horner coefficients of softplus_fast's q(t) = log1p(t) / t, highest degree first,
     read from the header, so this checks what the kernels compile."""
-    import pathlib
     import re
-    src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "selective_scan_kernels.cuh").read_text()
+    src = _cuda_source("selective_scan_kernels.cuh")
     body = re.search(r"float softplus_fast\(float x, float& t_out\) \{(.+?)\n\}", src, re.S).group(1)
     first = re.search(r"float q = ([-0-9.e]+)f;", body).group(1)
     rest = re.findall(r"q = fmaf\(q, t, ([-0-9.e]+)f\);", body)
