@@ -345,11 +345,19 @@ __device__ Pair<S> lookback_warp(const St& st, int64_t k, const Rec& rec, const 
 // Contiguous layout: tile scan with ITEMS consecutive elements per thread in registers.
 // Thread j of a tile owns logical items [k*TILE + j*ITEMS, +ITEMS); logical index p maps to
 // physical index p (forward) or L-1-p (reverse) inside the row.
+// A thread's ITEMS in their storage type, in logical order (what is loaded ahead of use:
+// 16-bit types take half the registers of the float pairs they become).
 template <class T, int ITEMS>
-__device__ __forceinline__ void load_items(const Dev& d, const T* __restrict__ a, const T* __restrict__ b,
-                                           int64_t base, Pair<typename Elem<T>::S> (&x)[ITEMS]) {
+struct Raw {
+  T a[ITEMS], b[ITEMS];
+};
+
+template <class T, int ITEMS>
+__device__ __forceinline__ void load_raw(const Dev& d, const T* __restrict__ a, const T* __restrict__ b,
+                                         int64_t base, Raw<T, ITEMS>& r) {
   using E = Elem<T>;
   using S = typename E::S;
+  const T one = E::down(s_one<S>()), zero = E::down(s_zero<S>());  // the identity pair
   const int64_t L = d.L;
   constexpr int VEC = 16 / sizeof(T);
   if (ITEMS % VEC == 0 && d.vec) {
@@ -361,10 +369,10 @@ __device__ __forceinline__ void load_items(const Dev& d, const T* __restrict__ a
         if (q < L) {
           Vec16<T> va = load16(a + q), vb = load16(b + q);
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) x[m * VEC + e] = {E::up(va.v[e]), E::up(vb.v[e])};
+          for (int e = 0; e < VEC; ++e) r.a[m * VEC + e] = va.v[e], r.b[m * VEC + e] = vb.v[e];
         } else {
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) x[m * VEC + e] = identity<S>();
+          for (int e = 0; e < VEC; ++e) r.a[m * VEC + e] = one, r.b[m * VEC + e] = zero;
         }
       }
     } else {
@@ -372,13 +380,14 @@ __device__ __forceinline__ void load_items(const Dev& d, const T* __restrict__ a
 #pragma unroll
       for (int m = 0; m < NV; ++m) {
         const int64_t q = q0 + m * VEC;
+        const int i0 = ITEMS - 1 - m * VEC;
         if (q >= 0) {
           Vec16<T> va = load16(a + q), vb = load16(b + q);
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) x[ITEMS - 1 - (m * VEC + e)] = {E::up(va.v[e]), E::up(vb.v[e])};
+          for (int e = 0; e < VEC; ++e) r.a[i0 - e] = va.v[e], r.b[i0 - e] = vb.v[e];
         } else {
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) x[ITEMS - 1 - (m * VEC + e)] = identity<S>();
+          for (int e = 0; e < VEC; ++e) r.a[i0 - e] = one, r.b[i0 - e] = zero;
         }
       }
     }
@@ -388,12 +397,26 @@ __device__ __forceinline__ void load_items(const Dev& d, const T* __restrict__ a
       const int64_t p = base + i;
       if (p < L) {
         const int64_t q = d.reverse ? L - 1 - p : p;
-        x[i] = {E::up(a[q]), E::up(b[q])};
+        r.a[i] = a[q], r.b[i] = b[q];
       } else {
-        x[i] = identity<S>();
+        r.a[i] = one, r.b[i] = zero;
       }
     }
   }
+}
+
+template <class T, int ITEMS>
+__device__ __forceinline__ void unpack(const Raw<T, ITEMS>& r, Pair<typename Elem<T>::S> (&x)[ITEMS]) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) x[i] = {Elem<T>::up(r.a[i]), Elem<T>::up(r.b[i])};
+}
+
+template <class T, int ITEMS>
+__device__ __forceinline__ void load_items(const Dev& d, const T* __restrict__ a, const T* __restrict__ b,
+                                           int64_t base, Pair<typename Elem<T>::S> (&x)[ITEMS]) {
+  Raw<T, ITEMS> r;
+  load_raw<T, ITEMS>(d, a, b, base, r);
+  unpack<T, ITEMS>(r, x);
 }
 
 template <class T, int ITEMS>
@@ -455,6 +478,124 @@ __device__ __forceinline__ Pair<typename Elem<T>::S> h0_pair(const Dev& d, int64
   return {s_one<S>(), Elem<T>::up(static_cast<const T*>(d.h0)[idx])};
 }
 
+// Striped register tile (tile option TILE_STRIPED): the ITEMS of thread (warp w, lane l)
+// are NV = ITEMS / VEC vectors; vector m holds the tile positions
+//     w * 32 * ITEMS + m * 32 * VEC + l * VEC + [0, VEC),
+// so every warp load / store instruction moves 32 consecutive 16-byte vectors (512
+// contiguous bytes) instead of 32 vectors 16 * NV bytes apart (the blocked layout, whose
+// half-used sectors doubled the L2 requests per DRAM byte: docs/PERFORMANCE_CUDA.md 9.1).
+// wbase: the tile position of the warp's first element; logical index p maps to physical p
+// (forward) or L-1-p (reverse).
+template <class T, int ITEMS>
+__device__ __forceinline__ void load_striped(const Dev& d, const T* __restrict__ a, const T* __restrict__ b,
+                                             int64_t wbase, int lane, Raw<T, ITEMS>& r) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  constexpr int VEC = 16 / sizeof(T), NV = ITEMS / VEC;
+  static_assert(ITEMS % VEC == 0, "striped tiles hold whole vectors");
+  const T one = E::down(s_one<S>()), zero = E::down(s_zero<S>());
+  const int64_t L = d.L;
+#pragma unroll
+  for (int m = 0; m < NV; ++m) {
+    const int64_t p0 = wbase + m * 32 * VEC + lane * VEC;  // logical start of the vector
+    if (d.vec) {  // L % VEC == 0: a vector is wholly inside or wholly past the row
+      if (p0 < L) {
+        const int64_t q = d.reverse ? L - p0 - VEC : p0;
+        Vec16<T> va = load16(a + q), vb = load16(b + q);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int src = d.reverse ? VEC - 1 - e : e;
+          r.a[m * VEC + e] = va.v[src], r.b[m * VEC + e] = vb.v[src];
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) r.a[m * VEC + e] = one, r.b[m * VEC + e] = zero;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int64_t p = p0 + e;
+        if (p < L) {
+          const int64_t q = d.reverse ? L - 1 - p : p;
+          r.a[m * VEC + e] = a[q], r.b[m * VEC + e] = b[q];
+        } else {
+          r.a[m * VEC + e] = one, r.b[m * VEC + e] = zero;
+        }
+      }
+    }
+  }
+}
+
+template <class T, int ITEMS>
+__device__ __forceinline__ void store_striped(const Dev& d, T* __restrict__ h, T* __restrict__ ap, int64_t wbase,
+                                              int lane, const Pair<typename Elem<T>::S> (&y)[ITEMS]) {
+  using E = Elem<T>;
+  constexpr int VEC = 16 / sizeof(T), NV = ITEMS / VEC;
+  const int64_t L = d.L;
+#pragma unroll
+  for (int m = 0; m < NV; ++m) {
+    const int64_t p0 = wbase + m * 32 * VEC + lane * VEC;
+    if (d.vec) {
+      if (p0 < L) {
+        const int64_t q = d.reverse ? L - p0 - VEC : p0;
+        Vec16<T> vh, va;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int src = d.reverse ? VEC - 1 - e : e;
+          vh.v[e] = E::down(y[m * VEC + src].b);
+          va.v[e] = E::down(y[m * VEC + src].a);
+        }
+        store16(h + q, vh);
+        if (ap) store16(ap + q, va);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int64_t p = p0 + e;
+        if (p < L) {
+          const int64_t q = d.reverse ? L - 1 - p : p;
+          h[q] = E::down(y[m * VEC + e].b);
+          if (ap) ap[q] = E::down(y[m * VEC + e].a);
+        }
+      }
+    }
+  }
+}
+
+// The scan of a striped warp tile: each vector serially in the thread, a Kogge-Stone scan
+// per vector index m over the lanes (NV independent scans, interleaved), then the vectors'
+// warp totals folded in m order. pre[m] = (fold of segments 0..m-1) o (lane-exclusive value
+// of segment m); returns the warp total.
+template <class S, int ITEMS, int VEC>
+__device__ __forceinline__ Pair<S> striped_warp_scan(Pair<S> (&x)[ITEMS], int lane, Pair<S> (&pre)[ITEMS / VEC]) {
+  constexpr int NV = ITEMS / VEC;
+  Pair<S> w[NV];
+#pragma unroll
+  for (int m = 0; m < NV; ++m) {
+#pragma unroll
+    for (int e = 1; e < VEC; ++e) x[m * VEC + e] = combine(x[m * VEC + e - 1], x[m * VEC + e]);
+    w[m] = x[m * VEC + VEC - 1];
+  }
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+#pragma unroll
+    for (int m = 0; m < NV; ++m) {
+      const Pair<S> u = shfl_up(w[m], o);
+      if (lane >= o) w[m] = combine(u, w[m]);
+    }
+  }
+  Pair<S> run = identity<S>();
+#pragma unroll
+  for (int m = 0; m < NV; ++m) {
+    Pair<S> ex = shfl_up(w[m], 1);
+    if (lane == 0) ex = identity<S>();
+    pre[m] = m == 0 ? ex : combine(run, ex);
+    const Pair<S> tot = shfl_idx(w[m], 31);
+    run = m == 0 ? tot : combine(run, tot);
+  }
+  return run;
+}
+
 // Serial inclusive scan of a thread's ITEMS, then a Kogge-Stone scan of the thread totals
 // across the warp (lane >= o takes the lane o below as the EARLIER operand). Returns the
 // lane's warp-inclusive total; ex = its warp-exclusive prefix (identity in lane 0).
@@ -495,7 +636,56 @@ __device__ __forceinline__ unsigned tile_id(const Dev& d, unsigned* s_id) {
   return blockIdx.x;
 }
 
-template <class T, int THREADS, int ITEMS, int CARRY, int MINB = 1>
+// The tile total: the fold of the warp totals in warp order.
+template <class S, int NW>
+__device__ __forceinline__ Pair<S> block_total(const Pair<S> (&s_warp)[NW]) {
+  Pair<S> t = s_warp[0];
+#pragma unroll
+  for (int q = 1; q < NW; ++q) t = combine(t, s_warp[q]);
+  return t;
+}
+
+// The exclusive prefix of tile `id` (chunk k of `chain`, total t) by look-back: warp 0
+// publishes t as the tile's aggregate, looks back and publishes the inclusive prefix; every
+// thread gets the prefix. pre_p / pre_f: warp 0's early read of the 32 nearest words
+// (CARRY_LB_WARP).
+template <class T, int CARRY>
+__device__ Pair<typename Elem<T>::S> tile_lookback(const Dev& d, unsigned id, int64_t chain, int64_t k,
+                                                   const Pair<typename Elem<T>::S>& t,
+                                                   const Pair<typename Elem<T>::S>& pre_p, uint32_t pre_f,
+                                                   Pair<typename Elem<T>::S>& s_excl) {
+  using S = typename Elem<T>::S;
+  using P = Pair<S>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp == 0) {
+    Status<S> st(d.status, d.nstatus);
+    const P h0p = h0_pair<T>(d, chain);
+    P e = h0p;
+    if (k > 0) {
+      if (lane == 0) st.publish(id, ST_AGG, t);
+      auto rec = [&](int64_t c) { return (size_t)(c * d.nchains + chain); };
+      if (CARRY == CARRY_LB_WARP) {
+        const unsigned inc = __ballot_sync(0xffffffffu, pre_f == ST_INC);
+        const int s = inc ? 31 - __clz(inc) : 32;
+        const bool usable = inc && !__any_sync(0xffffffffu, lane > s && pre_f == ST_INVALID);
+        e = usable ? fold_window(pre_p, s) : lookback_warp<S>(st, k, rec, h0p);
+      } else if (lane == 0) {
+        e = lookback_serial<S>(st, k, rec, h0p);
+      }
+    }
+    if (lane == 0) {
+      st.publish(id, ST_INC, combine(e, t));
+      s_excl = e;
+    }
+  }
+  __syncthreads();
+  return s_excl;
+}
+
+// Tile option (OPT bit): TILE_STRIPED, the striped register layout above.
+enum : int { TILE_STRIPED = 1 };
+
+template <class T, int THREADS, int ITEMS, int CARRY, int MINB = 1, int OPT = 0>
 __global__ void __launch_bounds__(THREADS, MINB) tile_scan_kernel(Dev d) {
   using E = Elem<T>;
   using S = typename E::S;
@@ -531,12 +721,22 @@ __global__ void __launch_bounds__(THREADS, MINB) tile_scan_kernel(Dev d) {
     }
   }
 
+  constexpr bool STRIPED = (OPT & TILE_STRIPED) != 0;
+  constexpr int VEC = 16 / sizeof(T), NV = STRIPED ? ITEMS / VEC : 1;
+  const int64_t wbase = k * TILE + (int64_t)warp * 32 * ITEMS;  // striped: the warp's first position
   P x[ITEMS];
-  load_items<T, ITEMS>(d, a, b, base, x);
-
-  // 1-2. serial inclusive scan in registers, then over the warp's thread aggregates
-  P ex;
-  const P w = thread_warp_scan<S, ITEMS>(x, lane, ex);
+  P ex, w;
+  P spre[NV];  // striped: the prefix of each vector index within the warp
+  if constexpr (STRIPED) {
+    Raw<T, ITEMS> r;
+    load_striped<T, ITEMS>(d, a, b, wbase, lane, r);
+    unpack<T, ITEMS>(r, x);
+    w = striped_warp_scan<S, ITEMS, VEC>(x, lane, spre);  // the warp total, in every lane
+  } else {
+    load_items<T, ITEMS>(d, a, b, base, x);
+    // 1-2. serial inclusive scan in registers, then over the warp's thread aggregates
+    w = thread_warp_scan<S, ITEMS>(x, lane, ex);
+  }
   if (lane == 31) s_warp[warp] = w;
   __syncthreads();
   // 3. block: the warp's prefix is the fold of the earlier warps' totals
@@ -544,52 +744,34 @@ __global__ void __launch_bounds__(THREADS, MINB) tile_scan_kernel(Dev d) {
 
   // 4. tile carry
   if (CARRY == CARRY_REDUCE) {
-    if (tid == 0) {
-      P t = s_warp[0];
-#pragma unroll
-      for (int q = 1; q < NW; ++q) t = combine(t, s_warp[q]);
-      static_cast<P*>(d.carry)[id] = t;
-    }
+    if (tid == 0) static_cast<P*>(d.carry)[id] = block_total<S, NW>(s_warp);
     return;
   }
   P excl;
   if (CARRY == CARRY_ARRAY) {
     excl = static_cast<const P*>(d.carry)[id];
   } else {
-    if (warp == 0) {
-      P t = s_warp[0];
-#pragma unroll
-      for (int q = 1; q < NW; ++q) t = combine(t, s_warp[q]);
-      Status<S> st(d.status, d.nstatus);
-      const P h0p = h0_pair<T>(d, chain);
-      P e = h0p;
-      if (k > 0) {
-        if (lane == 0) st.publish(id, ST_AGG, t);
-        auto rec = [&](int64_t c) { return (size_t)(c * d.nchains + chain); };
-        if (CARRY == CARRY_LB_WARP) {
-          const unsigned inc = __ballot_sync(0xffffffffu, pre_f == ST_INC);
-          const int s = inc ? 31 - __clz(inc) : 32;
-          const bool usable = inc && !__any_sync(0xffffffffu, lane > s && pre_f == ST_INVALID);
-          e = usable ? fold_window(pre_p, s) : lookback_warp<S>(st, k, rec, h0p);
-        } else if (lane == 0) {
-          e = lookback_serial<S>(st, k, rec, h0p);
-        }
-      }
-      if (lane == 0) {
-        st.publish(id, ST_INC, combine(e, t));
-        s_excl = e;
-      }
-    }
-    __syncthreads();
-    excl = s_excl;
+    excl = tile_lookback<T, CARRY>(d, id, chain, k, block_total<S, NW>(s_warp), pre_p, pre_f, s_excl);
   }
 
   // 5. apply the prefixes
-  const P pre = combine(combine(excl, wp), ex);
+  T* hrow = static_cast<T*>(d.h) + row0;
+  T* aprow = d.aprod ? static_cast<T*>(d.aprod) + row0 : nullptr;
+  if constexpr (STRIPED) {
+    const P tw = combine(excl, wp);
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i) x[i] = combine(pre, x[i]);
-  store_items<T, ITEMS>(d, static_cast<T*>(d.h) + row0, d.aprod ? static_cast<T*>(d.aprod) + row0 : nullptr,
-                        base, x);
+    for (int m = 0; m < NV; ++m) {
+      const P pm = combine(tw, spre[m]);
+#pragma unroll
+      for (int e = 0; e < ITEMS / NV; ++e) x[m * (ITEMS / NV) + e] = combine(pm, x[m * (ITEMS / NV) + e]);
+    }
+    store_striped<T, ITEMS>(d, hrow, aprow, wbase, lane, x);
+  } else {
+    const P pre = combine(combine(excl, wp), ex);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) x[i] = combine(pre, x[i]);
+    store_items<T, ITEMS>(d, hrow, aprow, base, x);
+  }
 }
 
 // ---------------------------------------------------------------------------------
@@ -1928,12 +2110,13 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     case kLookbackWarp:
       tile_scan_kernel<T, C::THREADS, 1, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);
       break;
-    case kLookbackRegs:
+    case kLookbackRegs:  // striped tiles (docs/PERFORMANCE_CUDA.md section 9.1)
       if (pl.kind == 2)
-        tile_scan_kernel<T, C::BIG_THREADS, C::ITEMS_REGS, CARRY_LB_WARP><<<grid, C::BIG_THREADS, 0, stream>>>(d);
+        tile_scan_kernel<T, C::BIG_THREADS, C::ITEMS_REGS, CARRY_LB_WARP, 1, TILE_STRIPED>
+            <<<grid, C::BIG_THREADS, 0, stream>>>(d);
       else if (pl.kind == 0)
-        tile_scan_kernel<T, C::THREADS, C::ITEMS_REGS, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);
-      else
+        tile_scan_kernel<T, C::THREADS, C::ITEMS_REGS, CARRY_LB_WARP, 1, TILE_STRIPED><<<grid, C::THREADS, 0, stream>>>(d);
+      else  // ITEMS_SMALL = one vector per thread: the striped and blocked layouts coincide
         tile_scan_kernel<T, C::THREADS, C::ITEMS_SMALL, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);
       break;
     case kThreePass:

@@ -11,7 +11,8 @@
 # ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_bench
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
-#   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
+#   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
+#    DET_FILTER=substring (determinism cases), SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # Also: variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
 # events; VB_ENV="VB_ROWS=1" picks the shape set), main_bench (python -m jax_selscan.bench
@@ -108,12 +109,13 @@ if [[ -z "$DRV" ]] && { has driver || has sanitize || has determinism || has big
 fi
 
 if has variants; then
-  nvcc -O3 -std=c++17 -arch=sm_$ARCH --expt-relaxed-constexpr -Icuda cuda/tools/variant_bench.cu cuda/dispatch.cc \
-    -o "$BIN/variant_bench" > "$LOGS/build_variants.log" 2>&1 || status=1
-  TAIL=40 step variants 240 env ${VB_ENV:-} "$BIN/variant_bench"
+  VB=${VB_BIN:-$BIN/variant_bench}  # VB_BIN=path: a variant_bench built elsewhere from this tree
+  [[ -n "${VB_BIN:-}" ]] || nvcc -O3 -std=c++17 -arch=sm_$ARCH --expt-relaxed-constexpr -Icuda cuda/tools/variant_bench.cu \
+    cuda/dispatch.cc -o "$VB" > "$LOGS/build_variants.log" 2>&1 || status=1
+  TAIL=40 step variants 240 env ${VB_ENV:-} "$VB"
 fi
 has driver && step driver 240 "$DRV" check
-has determinism && step determinism 240 "$DRV" determinism 500
+has determinism && step determinism 240 "$DRV" determinism 500 ${DET_FILTER:-}
 if has sanitize; then
   for tool in memcheck racecheck synccheck; do
     TAIL=6 step "sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$DRV" tiny ${SAN_ONLY:-}

@@ -159,10 +159,46 @@ def tile_local_scan(xa, xb, broken=None):
     return wa, wb, exa, exb, s_warp, t
 
 
+def tile_striped_scan(xa, xb, vec_width, broken=None):
+    """striped_warp_scan + the block fold (TILE_STRIPED): thread j's items are nv = items /
+    vec_width vectors; per vector index m a serial scan of the vector, a Kogge-Stone scan of
+    the vector totals over the warp's lanes, then the segment totals folded in m order.
+    Returns pre (threads, nv) pairs = (fold of segments < m) o (lane-exclusive value of m),
+    the warp totals and the tile total."""
+    threads, items = xa.shape
+    nv = items // vec_width
+    pre_a, pre_b = np.empty((threads, nv)), np.empty((threads, nv))
+    s_warp = []
+    for w in range(threads // 32):
+        sl = slice(32 * w, 32 * w + 32)
+        run = None
+        for m in range(nv):
+            c = slice(m * vec_width, (m + 1) * vec_width)
+            va, vb = xa[sl, c], xb[sl, c]
+            for e in range(1, vec_width):
+                va[:, e], vb[:, e] = comb((va[:, e - 1], vb[:, e - 1]), (va[:, e], vb[:, e]))
+            xa[sl, c], xb[sl, c] = va, vb
+            ia, ib = warp_scan((va[:, -1].copy(), vb[:, -1].copy()))
+            exa, exb = np.roll(ia, 1), np.roll(ib, 1)
+            exa[0], exb[0] = 1.0, 0.0
+            tot = (ia[31], ib[31])
+            if run is None:
+                pre_a[sl, m], pre_b[sl, m] = exa, exb
+                run = tot
+            else:
+                pre_a[sl, m], pre_b[sl, m] = comb(run, (exa, exb))
+                run = comb(tot, run) if broken == "swap_segments" else comb(run, tot)
+        s_warp.append(run)
+    t = s_warp[0]
+    for q in range(1, len(s_warp)):
+        t = comb(t, s_warp[q])
+    return pre_a, pre_b, s_warp, t
+
+
 # ----------------------------------------------------------------------------------------
 # contiguous tile_scan_kernel (lookback_serial / lookback_warp / lookback_regs); the
 # three-pass carry structure is mirrored by tiled_three_pass below
-def contiguous_mirror(a, b, h0, reverse, threads, items, vec_width, carry, rng, broken=None):
+def contiguous_mirror(a, b, h0, reverse, threads, items, vec_width, carry, rng, broken=None, striped=False):
     outer, L = a.shape
     tile = threads * items
     nchunks = -(-L // tile)
@@ -177,7 +213,17 @@ def contiguous_mirror(a, b, h0, reverse, threads, items, vec_width, carry, rng, 
         idx = np.full((threads, items), -1)
         for j in range(threads):
             base = k * tile + j * items
-            if vec:
+            if striped:  # vector m of lane l: warp start + m * 32 * VEC + l * VEC
+                w, l = divmod(j, 32)
+                for m in range(items // vec_width):
+                    p0 = k * tile + w * 32 * items + m * 32 * vec_width + l * vec_width
+                    for e in range(vec_width):
+                        if p0 + e < L:
+                            if reverse and vec and broken == "reverse_vec_order":
+                                idx[j, m * vec_width + e] = L - p0 - vec_width + e
+                            else:
+                                idx[j, m * vec_width + e] = L - 1 - (p0 + e) if reverse else p0 + e
+            elif vec:
                 nv = items // vec_width
                 if not reverse:
                     for m in range(nv):
@@ -203,7 +249,10 @@ def contiguous_mirror(a, b, h0, reverse, threads, items, vec_width, carry, rng, 
         valid = idx >= 0
         xa = np.where(valid, a[chain, np.maximum(idx, 0)], 1.0)
         xb = np.where(valid, b[chain, np.maximum(idx, 0)], 0.0)
-        wa, wb, exa, exb, s_warp, t = tile_local_scan(xa, xb, broken)
+        if striped:
+            pre_a, pre_b, s_warp, t = tile_striped_scan(xa, xb, vec_width, broken)
+        else:
+            wa, wb, exa, exb, s_warp, t = tile_local_scan(xa, xb, broken)
         h0p = (1.0, h0[chain])
         rec = lambda c: c * nchains + chain
         e = h0p
@@ -211,7 +260,10 @@ def contiguous_mirror(a, b, h0, reverse, threads, items, vec_width, carry, rng, 
             st.publish(tid, AGG, t)
             e = (lookback_warp if carry == "warp" else lookback_serial)(st, k, rec, h0p, broken)
         st.publish(tid, INC, comb(e, t))
-        _apply(h, ap, chain, idx, valid, xa, xb, wa, wb, exa, exb, s_warp, e, threads, broken, written)
+        if striped:
+            _apply_striped(h, ap, chain, idx, valid, xa, xb, pre_a, pre_b, s_warp, e, vec_width, written)
+        else:
+            _apply(h, ap, chain, idx, valid, xa, xb, wa, wb, exa, exb, s_warp, e, threads, broken, written)
     assert written.max() <= 1, "an element was written twice"
     return h, ap, written
 
@@ -231,6 +283,22 @@ def _apply(h, ap, chain, idx, valid, xa, xb, wa, wb, exa, exb, s_warp, excl, thr
                 written[chain, idx[j, i]] += 1
 
 
+def _apply_striped(h, ap, chain, idx, valid, xa, xb, pre_a, pre_b, s_warp, excl, vec_width, written):
+    for j in range(idx.shape[0]):
+        w = j // 32
+        wp = ident()
+        for q in range(w):
+            wp = comb(wp, s_warp[q])
+        tw = comb(excl, wp)
+        for i in range(idx.shape[1]):
+            if valid[j, i]:
+                m = i // vec_width
+                ya, yb = comb(comb(tw, (pre_a[j, m], pre_b[j, m])), (xa[j, i], xb[j, i]))
+                h[chain, idx[j, i]] = yb
+                ap[chain, idx[j, i]] = ya
+                written[chain, idx[j, i]] += 1
+
+
 def rel(x, y):
     return np.linalg.norm((x - y).ravel()) / np.linalg.norm(y.ravel())
 
@@ -241,12 +309,13 @@ def inputs(rng, shape):
     return a, b
 
 
-def check_contiguous(broken, carry, reverse, vec, seed=0):
+def check_contiguous(broken, carry, reverse, vec, seed=0, striped=False):
     rng = np.random.default_rng(seed)
-    L = 64 * 4 * 5 + (0 if vec else 3)
+    items = 8 if striped else 4  # striped: two vectors per thread
+    L = 64 * items * 5 + (0 if vec else 3)
     a, b = inputs(rng, (3, L))
     h0 = rng.standard_normal(3)
-    out = contiguous_mirror(a, b, h0, reverse, 64, 4, 4, carry, rng, broken)
+    out = contiguous_mirror(a, b, h0, reverse, 64, items, 4, carry, rng, broken, striped)
     h, ap, written = out
     if not np.all(written == 1):
         return False
@@ -266,6 +335,15 @@ def test_contiguous_lookback_mirror(carry):
     for reverse in (False, True):
         for vec in (True, False):
             assert check_contiguous(None, carry, reverse, vec, seed=3)
+
+
+def test_striped_tile_mirror():
+    """lookback_regs' striped register tile (TILE_STRIPED) with the warp look-back."""
+    for bad, rev in (("swap_segments", False), ("pred_off_by_one", False), ("reverse_vec_order", True)):
+        assert not check_contiguous(bad, "warp", rev, True, seed=4, striped=True), f"{bad} not caught"
+    for reverse in (False, True):
+        for vec in (True, False):
+            assert check_contiguous(None, "warp", reverse, vec, seed=5, striped=True)
 
 
 # ----------------------------------------------------------------------------------------

@@ -44,6 +44,15 @@ static void* dev_zero(size_t bytes) {
   return d;
 }
 
+// Every byte 0xFF (a NaN in every float lane): what a kernel that reads a buffer before
+// writing it would pick up (XLA's result and scratch buffers are not cleared either).
+static void* dev_poison(size_t bytes) {
+  void* d;
+  CK(cudaMalloc(&d, bytes + 16));
+  CK(cudaMemset(d, 0xff, bytes + 16));
+  return d;
+}
+
 static bool finite_f32(const void* d, size_t n) {
   std::vector<float> h(n);
   CK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -133,11 +142,44 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
                     same_bits(io.dC, io2.dC, nc * 4) && same_bits(io.dD, io2.dD, opts ? dim * 4 : 0) &&
                     same_bits(io.ddelta_bias, io2.ddelta_bias, opts ? dim * 4 : 0) &&
                     same_bits(io.dh0, io2.dh0, opts ? st * 4 : 0);
-  std::printf("%-5s b%ld D%ld L%ld N%ld gb%ld gc%ld dir%d opts%d: %s%s\n",
+  // Once more with every scratch and result buffer poisoned (NaN bytes) before the calls:
+  // bitwise the first run's results, or something is read before it is written.
+  jss::SsForwardOut o3 = o;
+  o3.out = dev_poison(act * sizeof(T));
+  o3.last_fwd = static_cast<float*>(dev_poison(st * 4));
+  o3.last_rev = static_cast<float*>(dev_poison(st * 4));
+  CK(jss::ss_forward(p, o3, dev_poison(jss::ss_forward_scratch_bytes(p)), 0));
+  jss::SsBackwardIO io3 = io;
+  io3.du = dev_poison(act * sizeof(T));
+  io3.ddelta = dev_poison(act * sizeof(T));
+  io3.dz = opts ? dev_poison(act * sizeof(T)) : nullptr;
+  io3.dA = static_cast<float*>(dev_poison(dim * N * 4));
+  io3.dB = static_cast<float*>(dev_poison(nb * 4));
+  io3.dC = static_cast<float*>(dev_poison(nc * 4));
+  io3.dD = opts ? static_cast<float*>(dev_poison(dim * 4)) : nullptr;
+  io3.ddelta_bias = opts ? static_cast<float*>(dev_poison(dim * 4)) : nullptr;
+  io3.dh0 = opts ? static_cast<float*>(dev_poison(st * 4)) : nullptr;
+  CK(jss::ss_backward(p, io3, dev_poison(jss::ss_backward_scratch_bytes(p)), 0));
+  CK(cudaDeviceSynchronize());
+  const char* pz = !same_bits(o.out, o3.out, act * sizeof(T)) ? "out"
+                   : !same_bits(o.last_fwd, o3.last_fwd, st * 4) && direction != 1 ? "last_fwd"
+                   : !same_bits(o.last_rev, o3.last_rev, st * 4) && direction != 0 ? "last_rev"
+                   : !same_bits(io.du, io3.du, act * sizeof(T)) ? "du"
+                   : !same_bits(io.ddelta, io3.ddelta, act * sizeof(T)) ? "ddelta"
+                   : !same_bits(io.dz, io3.dz, opts ? act * sizeof(T) : 0) ? "dz"
+                   : !same_bits(io.dA, io3.dA, dim * N * 4) ? "dA"
+                   : !same_bits(io.dB, io3.dB, nb * 4) ? "dB"
+                   : !same_bits(io.dC, io3.dC, nc * 4) ? "dC"
+                   : !same_bits(io.dD, io3.dD, opts ? dim * 4 : 0) ? "dD"
+                   : !same_bits(io.ddelta_bias, io3.ddelta_bias, opts ? dim * 4 : 0) ? "ddelta_bias"
+                   : !same_bits(io.dh0, io3.dh0, opts ? st * 4 : 0) ? "dh0"
+                   : nullptr;
+  std::printf("%-5s b%ld D%ld L%ld N%ld gb%ld gc%ld dir%d opts%d: %s%s%s%s%s\n",
               t == jss::SsDType::F32 ? "f32" : "bf16", (long)batch, (long)dim, (long)L, (long)N,
               (long)gb, (long)gc, direction, (int)opts, ok ? "ok" : "NON-FINITE",
-              same ? "" : " (saved checkpoints: DIFFERENT gradients)");
-  return ok && same ? 0 : 1;
+              same ? "" : " (saved checkpoints: DIFFERENT gradients)",
+              pz ? " (poisoned buffers: DIFFERENT " : "", pz ? pz : "", pz ? ")" : "");
+  return ok && same && !pz ? 0 : 1;
 }
 
 int main() {

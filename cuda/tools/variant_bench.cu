@@ -118,6 +118,19 @@ void tile_lb(const ScanProblem& p, void* scratch) {
   cudaMemsetAsync(scratch, 0, 256 + Status<typename Elem<T>::S>::reset_bytes(pl.nstatus));
   tile_scan_kernel<T, THREADS, ITEMS, CARRY_LB_WARP, MINB><<<(unsigned)(pl.nchains * pl.nchunks), THREADS>>>(d);
 }
+// the look-back tile (lookback_warp walk) with options (TILE_STRIPED) at other geometries
+template <class T, int THREADS, int ITEMS, int CARRY, int MINB, int OPT>
+void tile_opt(const ScanProblem& p, void* scratch) {
+  ScanProblem q = p;
+  q.algorithm = kLookbackRegs;
+  Plan pl = make_plan<T>(q);
+  pl.tile = THREADS * ITEMS;
+  pl.nchunks = (p.L + pl.tile - 1) / pl.tile;
+  pl.nstatus = pl.nchains * pl.nchunks;
+  Dev d = make_dev<T>(q, pl, scratch);
+  cudaMemsetAsync(scratch, 0, 256 + Status<typename Elem<T>::S>::reset_bytes(pl.nstatus));
+  tile_scan_kernel<T, THREADS, ITEMS, CARRY, MINB, OPT><<<(unsigned)(pl.nchains * pl.nchunks), THREADS>>>(d);
+}
 template <class T, int TPT, int MINB>
 void strided_lb(const ScanProblem& p, void* scratch) {
   using C = Config<T>;
@@ -173,13 +186,14 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
   vs.push_back({"auto", named(kAuto)});
   vs.push_back({"lookback_regs", named(kLookbackRegs)});
   if (s.i == 1 && s.o < 512) {
-    vs.push_back({"lookback_warp", named(kLookbackWarp)});
-    vs.push_back({"rounds_256x16_b2", [&] { rounds<T, 256, 16, 2>(p, scratch); }});
-    vs.push_back({"rounds_512x16_b1", [&] { rounds<T, 512, 16, 1>(p, scratch); }});
-    vs.push_back({"rounds_512x8_b1", [&] { rounds<T, 512, 8, 1>(p, scratch); }});
-    vs.push_back({"rounds_256x8_b3", [&] { rounds<T, 256, 8, 3>(p, scratch); }});
-    vs.push_back({"rounds_128x16_b4", [&] { rounds<T, 128, 16, 4>(p, scratch); }});
-    vs.push_back({"rounds_256x32_b1", [&] { rounds<T, 256, 32, 1>(p, scratch); }});
+    // session 9 (docs/PERFORMANCE_CUDA.md section 9): the blocked register tile (lookback_regs
+    // before session 9) vs the striped one (lookback_regs now) at two block sizes
+    constexpr int I = 64 / sizeof(T);
+    vs.push_back({"blocked_256xI", [&] { tile_opt<T, 256, I, CARRY_LB_WARP, 1, 0>(p, scratch); }});
+    vs.push_back({"blocked_512xI", [&] { tile_opt<T, 512, I, CARRY_LB_WARP, 1, 0>(p, scratch); }});
+    vs.push_back({"striped_256xI", [&] { tile_opt<T, 256, I, CARRY_LB_WARP, 1, TILE_STRIPED>(p, scratch); }});
+    vs.push_back({"striped_512xI", [&] { tile_opt<T, 512, I, CARRY_LB_WARP, 1, TILE_STRIPED>(p, scratch); }});
+    vs.push_back({"striped_256xI_b2", [&] { tile_opt<T, 256, I, CARRY_LB_WARP, 2, TILE_STRIPED>(p, scratch); }});
   } else if (s.i == 1) {
     vs.push_back({"row_walk_s4", [&] { row_walk<T, 4>(p); }});
     vs.push_back({"row_walk_s6", [&] { row_walk<T, 6>(p); }});
@@ -260,6 +274,7 @@ int main(int argc, char** argv) {
               {"(16384, 4096) ax0", 1, 16384, 4096},  {"(1024, 1024) ax0", 1, 1024, 1024},
               {"(2048, 32, 1024) ax1", 2048, 32, 1024}};
   if (ncu) shapes = {{"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024}};
+  if (ncu && std::getenv("VB_ROWS")) shapes = {{"256 x 65536", 256, 65536, 1}};
   for (auto& s : shapes) run_shape<float>(s, copy, ncu);
   if (!ncu)
     for (auto& s : shapes) run_shape<__nv_bfloat16>(s, copy, ncu);
