@@ -20,6 +20,7 @@
 // one dtype (float32, bfloat16 or float16) and everything else in float32; the handler
 // checks that and the shapes, and returns InvalidArgument otherwise.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "selective_scan.h"
@@ -121,7 +122,10 @@ ffi::Error check(cudaError_t err, const char* what) {
 // The 256-byte aligned start of XLA's scratch result for a plan needing `bytes` (null when 0),
 // or an error if the buffer is smaller than the plan about to run (the plan read a different
 // device or JAX_SELSCAN_SS_* variable at trace time): never write past it.
-ffi::Error scratch_ptr(ffi::AnyBuffer& scratch, size_t bytes, const char* what, void** out) {
+// JAX_SELSCAN_SS_ZERO_SCRATCH=1 zeroes it on the stream first (a diagnostic: results that change
+// with it would read scratch before writing it; PERFORMANCE_SELECTIVE_SCAN_CUDA 8.6).
+ffi::Error scratch_ptr(cudaStream_t stream, ffi::AnyBuffer& scratch, size_t bytes, const char* what,
+                       void** out) {
   *out = nullptr;
   if (!bytes) return ffi::Error::Success();
   const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.untyped_data());
@@ -133,6 +137,10 @@ ffi::Error scratch_ptr(ffi::AnyBuffer& scratch, size_t bytes, const char* what, 
         std::to_string(pad) + " from 256-byte alignment, the launch needs " + std::to_string(bytes) +
         " (was the plan's device or a JAX_SELSCAN_SS_* variable changed after tracing?)");
   *out = reinterpret_cast<void*>(base + pad);
+  if (const char* z = std::getenv("JAX_SELSCAN_SS_ZERO_SCRATCH"); z && z[0] == '1') {
+    if (cudaMemsetAsync(*out, 0, bytes, stream) != cudaSuccess)
+      return ffi::Error::Internal(std::string(what) + ": zeroing the scratch failed");
+  }
   return ffi::Error::Success();
 }
 
@@ -157,7 +165,7 @@ ffi::Error FwdCore(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
     o.ckpt = static_cast<float*>(ckpt->untyped_data());
   }
   void* buf;
-  ffi::Error se = scratch_ptr(scratch, jss::ss_forward_scratch_bytes(p), "selective_scan (CUDA)", &buf);
+  ffi::Error se = scratch_ptr(stream, scratch, jss::ss_forward_scratch_bytes(p), "selective_scan (CUDA)", &buf);
   if (se.failure()) return se;
   return check(jss::ss_forward(p, o, buf, stream), "selective_scan forward (CUDA)");
 }
@@ -227,7 +235,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
       dC->element_count() != C.element_count())
     return ffi::Error::InvalidArgument("selective_scan backward (CUDA): gradient buffers do not match the operands");
   void* buf;
-  ffi::Error se = scratch_ptr(*scratch, jss::ss_backward_scratch_bytes(p, io.ckpt != nullptr),
+  ffi::Error se = scratch_ptr(stream, *scratch, jss::ss_backward_scratch_bytes(p, io.ckpt != nullptr),
                               "selective_scan backward (CUDA)", &buf);
   if (se.failure()) return se;
   return check(jss::ss_backward(p, io, buf, stream), "selective_scan backward (CUDA)");
