@@ -9,64 +9,21 @@
 // 256-byte alignment the kernels need, so the handler aligns the pointer up); the caller
 // drops it. The kernels reset it on the stream (cudaMemsetAsync) before every launch,
 // so nothing is allocated in the call and the handlers are declared command-buffer (CUDA
-// graph) compatible. The selective-scan handlers (selective_scan_ffi.cc) still allocate
-// their scratch in the call (stream-ordered pool below, jss::with_scratch) and are not.
+// graph) compatible; the selective-scan handlers (selective_scan_ffi.cc) take theirs the same
+// way, sized by selective_scan_scratch_bytes() below.
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
 #include "linear_scan.h"
-#include "scratch.h"
 #include "selective_scan.h"
 #include "selective_scan_ffi.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
 namespace ffi = xla::ffi;
-
-namespace jss {
-
-// One memory pool per device, created on first use. It keeps what it has mapped (release
-// threshold: unlimited), as a caching allocator does: with a 256 MiB threshold the selective
-// scan's backward scratch (0.3-1 GB at Mamba sizes: checkpoints and dB/dC partials) was
-// unmapped at every synchronisation and mapped again by the next call.
-static cudaError_t scratch_pool(int dev, cudaMemPool_t* out) {
-  static std::mutex mu;
-  static cudaMemPool_t pools[128] = {};
-  if (dev < 0 || dev >= 128) return cudaErrorInvalidDevice;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!pools[dev]) {
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = dev;
-    cudaMemPool_t pool;
-    cudaError_t err = cudaMemPoolCreate(&pool, &props);
-    if (err != cudaSuccess) return err;
-    uint64_t keep = UINT64_MAX;
-    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-    pools[dev] = pool;
-  }
-  *out = pools[dev];
-  return cudaSuccess;
-}
-
-cudaError_t scratch_alloc(cudaStream_t stream, size_t bytes, void** out) {
-  *out = nullptr;
-  if (!bytes) return cudaSuccess;
-  int dev = 0;
-  cudaError_t err = cudaStreamGetDevice(stream, &dev);
-  if (err == cudaSuccess) err = cudaSetDevice(dev);
-  cudaMemPool_t pool;
-  if (err == cudaSuccess) err = scratch_pool(dev, &pool);
-  if (err == cudaSuccess) err = cudaMallocFromPoolAsync(out, bytes, pool, stream);
-  return err;
-}
-
-}  // namespace jss
 
 namespace {
 
@@ -243,6 +200,31 @@ NB_MODULE(_cuda, m) {
     return aligned > unaligned ? aligned : unaligned;
   });
   m.def("linear_scan_scratch_align", []() { return kScratchAlign; });
+  // Bytes of scratch the selective-scan forward (backward=False) or backward plans for a
+  // problem (before kScratchAlign is added): the L split's carries, the bidirectional y, the
+  // backward's dB / dC partials, its checkpoint sweep unless the forward saved them
+  // (saved_ckpt). groups_b / groups_c: G of a varying (batch, G, N, L) operand, 0 for a
+  // time-invariant one. The plan reads the current device's SM count (132 without one) and
+  // the JAX_SELSCAN_SS_* variables, as the handler does when it runs.
+  m.def("selective_scan_scratch_bytes", [](bool backward, int64_t batch, int64_t dim, int64_t L, int64_t N,
+                                           int64_t groups_b, int64_t groups_c, int64_t direction,
+                                           bool has_h0, bool saved_ckpt) {
+    if (batch < 0 || dim < 0 || L < 0 || N < 0 || groups_b < 0 || groups_c < 0)
+      throw nb::value_error("negative extent");
+    if (direction < 0 || direction > 2) throw nb::value_error("direction must be 0, 1 or 2");
+    jss::SsProblem p;
+    p.batch = batch;
+    p.dim = dim;
+    p.L = L;
+    p.N = N;
+    p.groups_b = groups_b;
+    p.groups_c = groups_c;
+    p.direction = static_cast<int>(direction);
+    static const float one = 1.f;  // only whether h0 is given matters to the plan
+    p.h0 = has_h0 ? &one : nullptr;
+    if (!jss::ss_supported(p)) return size_t{0};  // the handler rejects it before planning
+    return backward ? jss::ss_backward_scratch_bytes(p, saved_ckpt) : jss::ss_forward_scratch_bytes(p);
+  });
   m.def("selective_scan_geometry", [](int64_t N, int64_t rows) {
     return nb::make_tuple(jss::ss_states_per_thread(N, rows), jss::ss_lanes_per_row(N, rows));
   });

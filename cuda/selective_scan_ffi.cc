@@ -8,6 +8,11 @@
 //                                   dlast_fwd, dlast_rev, ckpt)
 //       (ckpt: the forward's, or a (0,) placeholder: the backward sweeps for them itself)
 //       -> (du, ddelta, dz, dA, dB, dC, dD, ddelta_bias, dh0)
+// Every handler has one more result, last: `scratch`, a 1-D uint8 buffer that Python sizes at
+// trace time with selective_scan_scratch_bytes() (ffi_module.cc) plus 256 bytes of alignment
+// slack, and drops (the L split's carries, the backward's dB / dC partials and checkpoint
+// sweep, the bidirectional y). Nothing is allocated in the call, so the handlers are declared
+// command-buffer (CUDA graph) compatible, and the scratch counts in XLA's memory analysis.
 // attributes: delta_softplus (bool), direction (int64: 0 forward, 1 reverse,
 // 2 bidirectional), has_D, has_z, has_delta_bias, has_h0 (bool).
 // An absent operand or result is a placeholder of shape (0,). The Python lowering
@@ -15,9 +20,9 @@
 // one dtype (float32, bfloat16 or float16) and everything else in float32; the handler
 // checks that and the shapes, and returns InvalidArgument otherwise.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
-#include "scratch.h"
 #include "selective_scan.h"
 #include "selective_scan_ffi.h"
 
@@ -114,11 +119,29 @@ ffi::Error check(cudaError_t err, const char* what) {
   return ffi::Error::Internal(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
+// The 256-byte aligned start of XLA's scratch result for a plan needing `bytes` (null when 0),
+// or an error if the buffer is smaller than the plan about to run (the plan read a different
+// device or JAX_SELSCAN_SS_* variable at trace time): never write past it.
+ffi::Error scratch_ptr(ffi::AnyBuffer& scratch, size_t bytes, const char* what, void** out) {
+  *out = nullptr;
+  if (!bytes) return ffi::Error::Success();
+  const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.untyped_data());
+  const uintptr_t pad = (256 - base % 256) % 256;
+  const size_t have = scratch.size_bytes();
+  if (!base || have < pad || have - pad < bytes)
+    return ffi::Error::InvalidArgument(
+        std::string(what) + ": scratch result too small: " + std::to_string(have) + " bytes at offset " +
+        std::to_string(pad) + " from 256-byte alignment, the launch needs " + std::to_string(bytes) +
+        " (was the plan's device or a JAX_SELSCAN_SS_* variable changed after tracing?)");
+  *out = reinterpret_cast<void*>(base + pad);
+  return ffi::Error::Success();
+}
+
 ffi::Error FwdCore(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, ffi::AnyBuffer A,
                    ffi::AnyBuffer B, ffi::AnyBuffer C, ffi::AnyBuffer D, ffi::AnyBuffer z,
                    ffi::AnyBuffer bias, ffi::AnyBuffer h0, ffi::AnyBuffer& out, ffi::AnyBuffer& last_f,
-                   ffi::AnyBuffer& last_r, ffi::AnyBuffer* ckpt, bool softplus, int64_t direction,
-                   bool has_D, bool has_z, bool has_bias, bool has_h0) {
+                   ffi::AnyBuffer& last_r, ffi::AnyBuffer* ckpt, ffi::AnyBuffer& scratch, bool softplus,
+                   int64_t direction, bool has_D, bool has_z, bool has_bias, bool has_h0) {
   jss::SsProblem p;
   std::string e = describe(u, delta, A, B, C, D, z, bias, h0, softplus, direction, has_D, has_z,
                            has_bias, has_h0, &p);
@@ -134,28 +157,30 @@ ffi::Error FwdCore(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
       return ffi::Error::InvalidArgument("selective_scan (CUDA): ckpt must be float32 (batch, D, ss_ckpt_row)");
     o.ckpt = static_cast<float*>(ckpt->untyped_data());
   }
-  cudaError_t err = jss::with_scratch(stream, jss::ss_forward_scratch_bytes(p),
-                                      [&](void* buf) { return jss::ss_forward(p, o, buf, stream); });
-  return check(err, "selective_scan forward (CUDA)");
+  void* buf;
+  ffi::Error se = scratch_ptr(scratch, jss::ss_forward_scratch_bytes(p), "selective_scan (CUDA)", &buf);
+  if (se.failure()) return se;
+  return check(jss::ss_forward(p, o, buf, stream), "selective_scan forward (CUDA)");
 }
 
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, ffi::AnyBuffer A,
                    ffi::AnyBuffer B, ffi::AnyBuffer C, ffi::AnyBuffer D, ffi::AnyBuffer z,
                    ffi::AnyBuffer bias, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
                    ffi::Result<ffi::AnyBuffer> last_f, ffi::Result<ffi::AnyBuffer> last_r,
-                   bool softplus, int64_t direction, bool has_D, bool has_z, bool has_bias, bool has_h0) {
-  return FwdCore(stream, u, delta, A, B, C, D, z, bias, h0, *out, *last_f, *last_r, nullptr, softplus,
-                 direction, has_D, has_z, has_bias, has_h0);
+                   ffi::Result<ffi::AnyBuffer> scratch, bool softplus, int64_t direction, bool has_D,
+                   bool has_z, bool has_bias, bool has_h0) {
+  return FwdCore(stream, u, delta, A, B, C, D, z, bias, h0, *out, *last_f, *last_r, nullptr, *scratch,
+                 softplus, direction, has_D, has_z, has_bias, has_h0);
 }
 
 ffi::Error FwdCkptImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, ffi::AnyBuffer A,
                        ffi::AnyBuffer B, ffi::AnyBuffer C, ffi::AnyBuffer D, ffi::AnyBuffer z,
                        ffi::AnyBuffer bias, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> out,
                        ffi::Result<ffi::AnyBuffer> last_f, ffi::Result<ffi::AnyBuffer> last_r,
-                       ffi::Result<ffi::AnyBuffer> ckpt, bool softplus, int64_t direction, bool has_D,
-                       bool has_z, bool has_bias, bool has_h0) {
-  return FwdCore(stream, u, delta, A, B, C, D, z, bias, h0, *out, *last_f, *last_r, &(*ckpt), softplus,
-                 direction, has_D, has_z, has_bias, has_h0);
+                       ffi::Result<ffi::AnyBuffer> ckpt, ffi::Result<ffi::AnyBuffer> scratch, bool softplus,
+                       int64_t direction, bool has_D, bool has_z, bool has_bias, bool has_h0) {
+  return FwdCore(stream, u, delta, A, B, C, D, z, bias, h0, *out, *last_f, *last_r, &(*ckpt), *scratch,
+                 softplus, direction, has_D, has_z, has_bias, has_h0);
 }
 
 ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, ffi::AnyBuffer A,
@@ -166,8 +191,8 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
                    ffi::Result<ffi::AnyBuffer> dz, ffi::Result<ffi::AnyBuffer> dA,
                    ffi::Result<ffi::AnyBuffer> dB, ffi::Result<ffi::AnyBuffer> dC,
                    ffi::Result<ffi::AnyBuffer> dD, ffi::Result<ffi::AnyBuffer> dbias,
-                   ffi::Result<ffi::AnyBuffer> dh0, bool softplus, int64_t direction, bool has_D,
-                   bool has_z, bool has_bias, bool has_h0) {
+                   ffi::Result<ffi::AnyBuffer> dh0, ffi::Result<ffi::AnyBuffer> scratch, bool softplus,
+                   int64_t direction, bool has_D, bool has_z, bool has_bias, bool has_h0) {
   jss::SsProblem p;
   std::string e = describe(u, delta, A, B, C, D, z, bias, h0, softplus, direction, has_D, has_z,
                            has_bias, has_h0, &p);
@@ -202,9 +227,11 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
       dA->element_count() != A.element_count() || dB->element_count() != B.element_count() ||
       dC->element_count() != C.element_count())
     return ffi::Error::InvalidArgument("selective_scan backward (CUDA): gradient buffers do not match the operands");
-  cudaError_t err = jss::with_scratch(stream, jss::ss_backward_scratch_bytes(p, io.ckpt != nullptr),
-                                      [&](void* buf) { return jss::ss_backward(p, io, buf, stream); });
-  return check(err, "selective_scan backward (CUDA)");
+  void* buf;
+  ffi::Error se = scratch_ptr(*scratch, jss::ss_backward_scratch_bytes(p, io.ckpt != nullptr),
+                              "selective_scan backward (CUDA)", &buf);
+  if (se.failure()) return se;
+  return check(jss::ss_backward(p, io, buf, stream), "selective_scan backward (CUDA)");
 }
 
 }  // namespace
@@ -232,7 +259,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanFwdCuda, FwdImpl,
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<ffi::AnyBuffer>()  // last_fwd
                                   .Ret<ffi::AnyBuffer>()  // last_rev
-                                  JSS_SS_ATTRS);
+                                  .Ret<ffi::AnyBuffer>()  // scratch
+                                  JSS_SS_ATTRS,
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanFwdCkptCuda, FwdCkptImpl,
                               ffi::Ffi::Bind()
@@ -250,7 +279,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanFwdCkptCuda, FwdCkptImpl,
                                   .Ret<ffi::AnyBuffer>()  // last_fwd
                                   .Ret<ffi::AnyBuffer>()  // last_rev
                                   .Ret<ffi::AnyBuffer>()  // ckpt
-                                  JSS_SS_ATTRS);
+                                  .Ret<ffi::AnyBuffer>()  // scratch
+                                  JSS_SS_ATTRS,
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanBwdCuda, BwdImpl,
                               ffi::Ffi::Bind()
@@ -277,4 +308,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanBwdCuda, BwdImpl,
                                   .Ret<ffi::AnyBuffer>()  // dD
                                   .Ret<ffi::AnyBuffer>()  // ddelta_bias
                                   .Ret<ffi::AnyBuffer>()  // dh0
-                                  JSS_SS_ATTRS);
+                                  .Ret<ffi::AnyBuffer>()  // scratch
+                                  JSS_SS_ATTRS,
+                              {ffi::Traits::kCmdBufferCompatible});

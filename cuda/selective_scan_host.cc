@@ -154,7 +154,9 @@ SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
   s.CB = s.staged_bwd ? 32 : CB;
   split(ss_bwd_chunks(p, device_sms(), s.staged_bwd, s.CB), &s.bnch, &s.bchunk_steps);
   const size_t bn = static_cast<size_t>(s.bnch);  // the per-row partials get a chunk index
-  const size_t varsz = static_cast<size_t>(p.batch * (p.dim / CB) * ndir * p.N * p.L);
+  // (s.CB, the blocks the kernel runs: the staged backward's 32 rows, not 128 / P, which is 64
+  // for N <= 8 on >= 32768 rows and made this buffer too small, notes 8.8)
+  const size_t varsz = static_cast<size_t>(p.batch * (p.dim / s.CB) * ndir * p.N * p.L);
   const size_t invsz = static_cast<size_t>(p.batch * ndir * p.dim * p.N);
   if (!saved_ckpt) s.ckpt = take(static_cast<size_t>(R * s.K * p.N));
   s.pdB = take(p.groups_b ? varsz : invsz * bn);

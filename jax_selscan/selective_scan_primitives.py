@@ -328,19 +328,44 @@ def _attrs(params):
                 has_h0=np.bool_(params["has_h0"]))
 
 
+def cuda_scratch_bytes(ops, params, *, backward, saved_ckpt=False):
+    """Size of the uint8 scratch result the CUDA selective-scan handlers take (the L split's
+    carries, the bidirectional y, the backward's dB / dC partials and checkpoint sweep).
+
+    Requested from XLA at trace time, not allocated in the call, so that the handlers can be
+    captured into command buffers (CUDA graphs) and XLA's memory analysis counts it. The plan
+    reads the current GPU's SM count and the JAX_SELSCAN_SS_* variables now; the handler
+    re-plans when it runs and fails with a clear error if the buffer is then too small.
+    Includes 256 bytes of alignment slack; at least 1.
+    """
+    from . import _cuda
+    u, A, B, C = ops[0], ops[2], ops[3], ops[4]
+    groups = lambda x: x.shape[1] if x.ndim == 4 else 0
+    n = _cuda.selective_scan_scratch_bytes(
+        bool(backward), u.shape[0], u.shape[1], u.shape[2], A.shape[1], groups(B), groups(C),
+        SS_DIRECTIONS.index(params["direction"]), bool(params["has_h0"]), bool(saved_ckpt))
+    return n + _cuda.linear_scan_scratch_align() if n else 1
+
+
+def _scratch_type(ops, params, **kw):
+    return jax.ShapeDtypeStruct((cuda_scratch_bytes(ops, params, **kw),), jnp.uint8)
+
+
 def _ss_cuda_forward(*ops, **params):
     act, cops = _cuda_operands(ops, _has(params))
     u, A = ops[0], ops[2]
     sf, sr = _ss_last_shapes(u, A, params["direction"], params["return_last_state"])
     types = [jax.ShapeDtypeStruct(u.shape, act), jax.ShapeDtypeStruct(sf, jnp.float32),
              jax.ShapeDtypeStruct(sr, jnp.float32)]
+    scratch = _scratch_type(ops, params, backward=False)  # a last result, dropped
     ckpt_row = params.get("ckpt_row", 0)
     if ckpt_row and ckpt_row == _cuda_ckpt_row(u, A, params["direction"]):
         # checkpoints in the CUDA layout: the forward writes them, the CUDA backward reads them
         types.append(jax.ShapeDtypeStruct((u.shape[0], u.shape[1], ckpt_row), jnp.float32))
-        out, lf, lr, ck = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA, types)(*cops, **_attrs(params))
+        out, lf, lr, ck, _ = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA, [*types, scratch])(
+            *cops, **_attrs(params))
         return [out.astype(u.dtype), lf, lr, ck]
-    out, lf, lr = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_FWD_CUDA, types)(*cops, **_attrs(params))
+    out, lf, lr, _ = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_FWD_CUDA, [*types, scratch])(*cops, **_attrs(params))
     # Any other ckpt_row (a CPU-traced grad lowered for CUDA) gets zeros, i.e. every row
     # "unwritten"; the CUDA backward then runs its own checkpoint sweep.
     return [out.astype(u.dtype), lf, lr] + _ckpt_out(u, ckpt_row)
@@ -523,7 +548,8 @@ def _ss_bwd_cuda(*ops, **params):
     # the forward's checkpoints when they are in the CUDA layout, else a (0,) placeholder
     cuda_ck = ckpt.ndim == 3 and ckpt.shape[2] == _cuda_ckpt_row(u, A, params["direction"])
     ck = f32(ckpt) if cuda_ck else jnp.zeros((0,), jnp.float32)
-    du, dd, dz, dA, dB, dC, dD, db, dh0 = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_BWD_CUDA, types)(
+    types.append(_scratch_type(ops[:9], params, backward=True, saved_ckpt=cuda_ck))  # dropped
+    du, dd, dz, dA, dB, dC, dD, db, dh0, _ = jax.ffi.ffi_call(_ffi.SELECTIVE_SCAN_BWD_CUDA, types)(
         *cops, ct_out.astype(act), f32(ct_f), f32(ct_r), ck, **_attrs(params))
     grads = [du, dd, dA, dB, dC, dD, dz, db, dh0]
     present = (True,) * 5 + has

@@ -334,6 +334,21 @@ def test_gradients_16bit(dtype, length):
         assert rel_err(got[k], want[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], want[k]))
 
 
+@pytest.mark.parametrize("dstate, b_kind", [(8, "variable"), (4, "grouped"), (2, "variable")])
+def test_gradients_many_rows_few_states(dstate, b_kind):
+    """>= 32768 rows and N <= 8: 2 or 1 lanes per row in the forward's geometry, while the staged
+    backward still sums dB / dC over blocks of 32 rows. The partials' buffer was once sized for
+    blocks of 128 / lanes rows (64 or 128), half or a quarter of what the kernel writes."""
+    rng = rng_for("gradwide", dstate, b_kind)
+    x = make_inputs(rng, 16, 2048, 40, dstate, b_kind=b_kind, c_kind="variable")
+    kw = dict(delta_softplus=True)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
+    want = _grads(selective_scan_ref, to64(x), kw, cot)
+    for k in got:
+        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+
+
 @pytest.mark.parametrize("dstate", [1, 5, 64])
 def test_gradients_state_counts(dstate):
     rng = rng_for("gradN", dstate)
@@ -552,3 +567,81 @@ def test_forward_saved_checkpoints_same_gradients(direction, shape, dtype, monke
     got = f(x)
     for k in want:
         np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=k)
+
+
+# The handlers take their scratch as an XLA result and are declared command-buffer compatible:
+# forward + backward run in a subprocess with XLA command buffers (CUDA graphs) forced on give
+# the float64 reference's results and the same bits on every run. The bidirectional case (its y
+# buffer), a forced L split (its carries) and the backward's dB / dC partials all live in that
+# scratch. (Not compared bitwise with launches in this process: this process runs with x64 on,
+# which changed XLA's ops around the custom calls and so the last bits of u, z and delta's
+# gradients, and dB / dC differed between processes at the 1e-6 level even with x64 matched,
+# while ss_driver showed that no kernel reads scratch or results before writing them:
+# PERFORMANCE_SELECTIVE_SCAN_CUDA 8.8.)
+_SS_GRAPH_SCRIPT = """
+import json, sys
+import numpy as np
+import jax, jax.numpy as jnp
+from jax_selscan import selective_scan
+
+data = np.load(sys.argv[1])
+x = {k: jnp.asarray(data[k]) for k in data.files if k != "cot"}
+cot = jnp.asarray(data["cot"])
+kw = dict(delta_softplus=True, direction=sys.argv[2])
+f = jax.jit(lambda x: jax.vjp(lambda x: selective_scan(**x, **kw), x))
+def run(x):
+    out, vjp = f(x)
+    return [out] + [g for _, g in sorted(vjp(cot)[0].items())]
+runs = [[np.asarray(v) for v in run(x)] for _ in range(3)]
+np.savez(sys.argv[3], *runs[0])
+same = all(np.array_equal(a, b) for r in runs[1:] for a, b in zip(r, runs[0]))
+hlo = jax.jit(lambda x: run(x)).lower(x).compile().as_text()
+comp, where, cmd_bufs = None, [], 0
+for line in hlo.splitlines():
+    if line and not line[0].isspace() and line.rstrip().endswith("{"):
+        comp = (line.split()[1] if line.startswith("ENTRY") else line.split()[0]).lstrip("%")
+        cmd_bufs += comp.startswith("command_buffer")
+    elif 'custom_call_target="jax_selscan_selective_scan' in line:
+        where.append(comp)
+print(json.dumps(dict(bitwise_equal_runs=same, command_buffers=cmd_bufs, custom_calls_in=where)))
+"""
+
+
+@pytest.mark.parametrize("direction, chunks", [("bidirectional", None), ("forward", "3")])
+def test_command_buffers(direction, chunks, tmp_path):
+    import json
+    import subprocess
+    import sys
+    import jax_selscan
+    rng = rng_for("graph", direction)
+    x = make_inputs(rng, 2, 64, 300, 16)
+    cot = rng.standard_normal(x["u"].shape).astype(np.float32)
+    np.savez(tmp_path / "in.npz", cot=cot, **{k: np.asarray(v) for k, v in x.items()})
+    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+               " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"))
+    env.pop("JAX_ENABLE_X64", None)
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process holds the GPU too
+    if chunks:
+        env["JAX_SELSCAN_SS_FWD_CHUNKS"] = env["JAX_SELSCAN_SS_BWD_CHUNKS"] = chunks
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_selscan.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, "-c", _SS_GRAPH_SCRIPT, str(tmp_path / "in.npz"), direction,
+                           str(tmp_path / "out.npz")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(info)
+    names = ["out"] + sorted(x)
+    saved = np.load(tmp_path / "out.npz")
+    assert len(saved.files) == len(names)
+    got = {n: saved[f"arr_{k}"] for k, n in enumerate(names)}
+    kw = dict(delta_softplus=True, direction=direction)
+    assert info["bitwise_equal_runs"], info
+    assert rel_err(got["out"], ref_np(x, **kw)) < FWD_TOL[F32]
+    want = _grads(selective_scan_ref, to64(x), kw, jnp.asarray(cot, jnp.float64))
+    errs = {k: rel_err(got[k], want[k]) for k in want}
+    assert all(e < GRAD_TOL[F32] for e in errs.values()), errs
+    assert len(info["custom_calls_in"]) >= 2, info  # the forward (with checkpoints) and the backward
+    if info["command_buffers"] == 0:  # this XLA names or schedules them differently
+        pytest.skip(f"no command_buffer computation in the compiled HLO; custom calls in {info}")
+    assert all(c.startswith("command_buffer") for c in info["custom_calls_in"]), info

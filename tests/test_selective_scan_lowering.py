@@ -128,3 +128,69 @@ def test_forward_saved_checkpoints_default(direction, monkeypatch):
     # would reuse the trace of `fn`, and the choice is made at trace time)
     monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CKPT", "0")
     assert _ffi.SELECTIVE_SCAN_FWD_CKPT_CUDA not in cuda_calls(jax.grad(lambda x: loss(x)), x)
+
+
+# --- the scratch result: every CUDA custom call gets one more, a uint8 buffer sized at trace
+# time by the extension's plan plus 256 bytes of alignment slack (1 byte when the plan needs
+# none), which the lowering drops -----------------------------------------------------------
+
+def _spec(b, D, L, N, dtype, grouped):
+    s = jax.ShapeDtypeStruct
+    act = lambda shape: s(shape, dtype)
+    bc = act((b, 2, N, L)) if grouped else act((b, N, L))
+    return dict(u=act((b, D, L)), delta=act((b, D, L)), A=s((D, N), jnp.float32), B=bc, C=bc,
+                D=s((D,), jnp.float32), z=act((b, D, L)), delta_bias=s((D,), jnp.float32),
+                h0=s((b, D, N), jnp.float32))
+
+
+def _results(fn, *args):
+    """The result types of each selective-scan custom call of fn lowered for CUDA."""
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = {}
+    for line in text.splitlines():
+        m = re.search(r"custom_call @(jax_selscan_selective_scan\w*)\(", line)
+        if m:
+            calls[m.group(1)] = re.findall(r"tensor<([^>]*)>", line.split("->")[-1])
+    return calls
+
+
+def _want(backward, x, direction):
+    from jax_selscan import _cuda
+    b, D, L = x["u"].shape
+    def g(v):  # groups as the primitive sees them: (D, N) time-invariant, (b, N, L) one group
+        return {2: 0, 3: 1}.get(len(v.shape)) if len(v.shape) < 4 else v.shape[1]
+    n = _cuda.selective_scan_scratch_bytes(backward, b, D, L, x["A"].shape[1], g(x["B"]), g(x["C"]),
+                                           ("forward", "reverse", "bidirectional").index(direction), True,
+                                           False)  # lowered off the GPU: no saved checkpoints
+    return f"{n + 256}xui8" if n else "1xui8"
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("shape, dtype, grouped", [((2, 64, 300, 16), jnp.float32, False),
+                                                   ((1, 32, 4096, 16), jnp.bfloat16, True),
+                                                   ((8, 1536, 2048, 16), jnp.bfloat16, False)])
+def test_scratch_results(shape, dtype, grouped, direction):
+    x = _spec(*shape, dtype, grouped)
+    kw = dict(delta_softplus=True, direction=direction)
+    res = _results(lambda x: selective_scan(**x, **kw), x)[FWD]
+    assert len(res) == 4, res  # out, last_fwd, last_rev, scratch
+    assert res[-1] == _want(False, x, direction), res
+    cot = jax.ShapeDtypeStruct(shape[:3], dtype)
+    bwd = _results(lambda x, c: jax.vjp(lambda x: selective_scan(**x, **kw), x)[1](c), x, cot)[BWD]
+    assert len(bwd) == 10, bwd  # nine gradients and the scratch
+    assert bwd[-1] == _want(True, x, direction) and bwd[-1] != "1xui8", bwd  # dB / dC partials at least
+
+
+def test_scratch_sizes():
+    from jax_selscan import _cuda
+    q = _cuda.selective_scan_scratch_bytes
+    # bidirectional: the first direction's y (one float per element) at least
+    assert q(False, 2, 64, 300, 16, 1, 1, 2, True, False) >= 2 * 64 * 300 * 4
+    # the backward's partials grow with L; its checkpoint sweep costs more unless they were saved
+    assert q(True, 2, 64, 600, 16, 1, 1, 0, True, False) > q(True, 2, 64, 300, 16, 1, 1, 0, True, False) > 0
+    assert q(True, 2, 64, 300, 16, 1, 1, 0, True, False) > q(True, 2, 64, 300, 16, 1, 1, 0, True, True)
+    assert q(False, 0, 64, 300, 16, 1, 1, 0, True, False) == 0  # empty: rejected before planning
+    with pytest.raises(ValueError):
+        q(False, 1, 64, 300, 16, 1, 1, 3, True, False)
+    with pytest.raises(ValueError):
+        q(False, -1, 64, 300, 16, 1, 1, 0, True, False)

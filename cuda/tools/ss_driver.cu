@@ -193,6 +193,10 @@ int main() {
   // The staged forward: a partial 32-row block with aligned bf16 vectors; 16 lanes per row.
   bad += run<__nv_bfloat16>(jss::SsDType::BF16, 2, 40, 64, 16, 1, 1, 1, true);
   bad += run<float>(jss::SsDType::F32, 1, 32, 35, 128, 1, 1, 2, true);
+  // 32768 rows, N = 8 (2 lanes per row in the forward's geometry) and N = 2: the staged
+  // backward's dB / dC partials per 32-row block (memcheck: the buffer once held half / a quarter)
+  bad += run<float>(jss::SsDType::F32, 16, 2048, 40, 8, 1, 1, 0, true);
+  bad += run<float>(jss::SsDType::F32, 16, 2048, 40, 2, 1, 1, 2, true);
   // The staged backward with N % 4 != 0: its checkpoints are read state by state, not as float4.
   bad += run<float>(jss::SsDType::F32, 1, 32, 45, 6, 1, 1, 2, true);
   // The L split forced (3 chunks of whole 32-step tiles, the last partial): both forward
