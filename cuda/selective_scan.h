@@ -111,6 +111,13 @@ struct SsPlan {
   int64_t bnch = 1, bchunk_steps = 0;
   size_t ybuf = 0, ckpt = 0, pdB = 0, pdC = 0, pdA = 0, pdD = 0, pdbias = 0, pdh0 = 0,
          du_acc = 0, dd_acc = 0, chunk_h = 0, chunk_S = 0, bchunk_g = 0, bchunk_S = 0, total = 0;
+  // JAX_SELSCAN_SS_GUARD=1 (cuda/tools/ss_driver): kGuardBytes right after the exact end of
+  // every region, which no kernel may write; the driver fills them and checks them after the
+  // launches (an undersized region shows as a changed guard, even inside the scratch).
+  static constexpr size_t kGuardBytes = 256;
+  static constexpr int kMaxGuards = 24;
+  size_t guard[kMaxGuards] = {};
+  int nguards = 0;
 };
 // dh0 scratch iff p.h0 is set; no checkpoint scratch when the forward saved them
 SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt = false);

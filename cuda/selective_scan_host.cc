@@ -114,9 +114,16 @@ SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
   s.K = (p.L + kCkHost - 1) / kCkHost;
   const int ndir = p.direction == 2 ? 2 : 1;
   size_t off = 0;
+  const char* g = std::getenv("JAX_SELSCAN_SS_GUARD");
+  const bool guard = g && g[0] == '1';
   auto take = [&](size_t floats) {
     size_t at = off;
-    off += align256(floats * sizeof(float));
+    off += floats * sizeof(float);
+    if (guard && s.nguards < SsPlan::kMaxGuards) {
+      s.guard[s.nguards++] = off;
+      off += SsPlan::kGuardBytes;
+    }
+    off = align256(off);
     return at;
   };
   // Whole 32-step tiles per chunk, at most 65535 chunks (the grid's y extent).

@@ -2,8 +2,11 @@
 // (memcheck, racecheck, synccheck) in scripts/gpu_check.sh: forward and backward of a few
 // small problems covering every direction, varying / grouped / time-invariant B and C,
 // h0, z, D, delta_bias + softplus, odd L, float32 and bfloat16, and a padded state count.
-// Correctness is the pytest suite's job (tests/test_cuda_selective_scan.py); this only
-// runs the launches and checks for CUDA errors and non-finite results. Build:
+// Correctness is the pytest suite's job (tests/test_cuda_selective_scan.py); this runs the
+// launches and checks for CUDA errors, non-finite results, bitwise agreement of the saved- and
+// swept-checkpoint backwards, and, in a third run with every scratch and result buffer
+// poisoned, bitwise the same results (nothing read before written) and intact guards after
+// every scratch region (nothing written past one: JAX_SELSCAN_SS_GUARD). Build:
 //   nvcc -O2 -std=c++17 -arch=sm_90 -Icuda cuda/tools/ss_driver.cu cuda/selective_scan_*.cu \
 //        cuda/selective_scan_host.cc
 #include <cuda_bf16.h>
@@ -148,7 +151,8 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
   o3.out = dev_poison(act * sizeof(T));
   o3.last_fwd = static_cast<float*>(dev_poison(st * 4));
   o3.last_rev = static_cast<float*>(dev_poison(st * 4));
-  CK(jss::ss_forward(p, o3, dev_poison(jss::ss_forward_scratch_bytes(p)), 0));
+  void* fscratch3 = dev_poison(jss::ss_forward_scratch_bytes(p));
+  CK(jss::ss_forward(p, o3, fscratch3, 0));
   jss::SsBackwardIO io3 = io;
   io3.du = dev_poison(act * sizeof(T));
   io3.ddelta = dev_poison(act * sizeof(T));
@@ -159,8 +163,21 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
   io3.dD = opts ? static_cast<float*>(dev_poison(dim * 4)) : nullptr;
   io3.ddelta_bias = opts ? static_cast<float*>(dev_poison(dim * 4)) : nullptr;
   io3.dh0 = opts ? static_cast<float*>(dev_poison(st * 4)) : nullptr;
-  CK(jss::ss_backward(p, io3, dev_poison(jss::ss_backward_scratch_bytes(p)), 0));
+  void* bscratch3 = dev_poison(jss::ss_backward_scratch_bytes(p));
+  CK(jss::ss_backward(p, io3, bscratch3, 0));
   CK(cudaDeviceSynchronize());
+  // every region's guard still holds the poison: nothing was written past a region's end
+  auto guards_intact = [](const jss::SsPlan& pl, const void* scratch) {
+    std::vector<unsigned char> g(jss::SsPlan::kGuardBytes);
+    for (int i = 0; i < pl.nguards; ++i) {
+      CK(cudaMemcpy(g.data(), static_cast<const char*>(scratch) + pl.guard[i], g.size(), cudaMemcpyDeviceToHost));
+      for (unsigned char c : g)
+        if (c != 0xff) return false;
+    }
+    return true;
+  };
+  const bool guards_ok = guards_intact(jss::ss_plan(p, false), fscratch3) &&
+                         guards_intact(jss::ss_plan(p, true), bscratch3);
   const char* pz = !same_bits(o.out, o3.out, act * sizeof(T)) ? "out"
                    : !same_bits(o.last_fwd, o3.last_fwd, st * 4) && direction != 1 ? "last_fwd"
                    : !same_bits(o.last_rev, o3.last_rev, st * 4) && direction != 0 ? "last_rev"
@@ -174,15 +191,17 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
                    : !same_bits(io.ddelta_bias, io3.ddelta_bias, opts ? dim * 4 : 0) ? "ddelta_bias"
                    : !same_bits(io.dh0, io3.dh0, opts ? st * 4 : 0) ? "dh0"
                    : nullptr;
-  std::printf("%-5s b%ld D%ld L%ld N%ld gb%ld gc%ld dir%d opts%d: %s%s%s%s%s\n",
+  std::printf("%-5s b%ld D%ld L%ld N%ld gb%ld gc%ld dir%d opts%d: %s%s%s%s%s%s\n",
               t == jss::SsDType::F32 ? "f32" : "bf16", (long)batch, (long)dim, (long)L, (long)N,
               (long)gb, (long)gc, direction, (int)opts, ok ? "ok" : "NON-FINITE",
               same ? "" : " (saved checkpoints: DIFFERENT gradients)",
-              pz ? " (poisoned buffers: DIFFERENT " : "", pz ? pz : "", pz ? ")" : "");
-  return ok && same && !pz ? 0 : 1;
+              pz ? " (poisoned buffers: DIFFERENT " : "", pz ? pz : "", pz ? ")" : "",
+              guards_ok ? "" : " (WRITTEN PAST A SCRATCH REGION)");
+  return ok && same && !pz && guards_ok ? 0 : 1;
 }
 
 int main() {
+  setenv("JAX_SELSCAN_SS_GUARD", "1", 1);  // guards after every scratch region (checked in run)
   int bad = 0;
   for (int dir = 0; dir < 3; ++dir) {
     bad += run<float>(jss::SsDType::F32, 2, 64, 37, 16, 1, 2, dir, true);
