@@ -342,11 +342,12 @@ __device__ Pair<S> lookback_warp(const St& st, int64_t k, const Rec& rec, const 
 }
 
 // ---------------------------------------------------------------------------------
-// Contiguous layout: tile scan with ITEMS consecutive elements per thread in registers.
-// Thread j of a tile owns logical items [k*TILE + j*ITEMS, +ITEMS); logical index p maps to
-// physical index p (forward) or L-1-p (reverse) inside the row.
-// A thread's ITEMS in their storage type, in logical order (what is loaded ahead of use:
-// 16-bit types take half the registers of the float pairs they become).
+// Contiguous layout: tile scan with ITEMS elements per thread in registers. Blocked (the
+// default of tile_scan_kernel): thread j of a tile owns logical items [k*TILE + j*ITEMS,
+// +ITEMS). Striped (TILE_STRIPED, what lookback_regs runs): see load_striped below. Logical
+// index p maps to physical index p (forward) or L-1-p (reverse) inside the row.
+
+// A thread's ITEMS in their storage type, in logical order.
 template <class T, int ITEMS>
 struct Raw {
   T a[ITEMS], b[ITEMS];
