@@ -563,20 +563,12 @@ __device__ __forceinline__ void store_striped(const Dev& d, T* __restrict__ h, T
   }
 }
 
-// The scan of a striped warp tile: each vector serially in the thread, a Kogge-Stone scan
-// per vector index m over the lanes (NV independent scans, interleaved), then the vectors'
-// warp totals folded in m order. pre[m] = (fold of segments 0..m-1) o (lane-exclusive value
-// of segment m); returns the warp total.
-template <class S, int ITEMS, int VEC>
-__device__ __forceinline__ Pair<S> striped_warp_scan(Pair<S> (&x)[ITEMS], int lane, Pair<S> (&pre)[ITEMS / VEC]) {
-  constexpr int NV = ITEMS / VEC;
-  Pair<S> w[NV];
-#pragma unroll
-  for (int m = 0; m < NV; ++m) {
-#pragma unroll
-    for (int e = 1; e < VEC; ++e) x[m * VEC + e] = combine(x[m * VEC + e - 1], x[m * VEC + e]);
-    w[m] = x[m * VEC + VEC - 1];
-  }
+// The lane part of a striped warp scan: w[m] = this lane's total of its vector m on entry;
+// a Kogge-Stone scan per vector index m over the lanes (NV independent scans, interleaved),
+// then the vectors' warp totals folded in m order. pre[m] = (fold of segments 0..m-1) o
+// (lane-exclusive value of segment m); returns the warp total (in every lane).
+template <class S, int NV>
+__device__ __forceinline__ Pair<S> striped_lane_scan(Pair<S> (&w)[NV], int lane, Pair<S> (&pre)[NV]) {
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
 #pragma unroll
@@ -595,6 +587,20 @@ __device__ __forceinline__ Pair<S> striped_warp_scan(Pair<S> (&x)[ITEMS], int la
     run = m == 0 ? tot : combine(run, tot);
   }
   return run;
+}
+
+// The scan of a striped warp tile: each vector serially in the thread, then the lane part.
+template <class S, int ITEMS, int VEC>
+__device__ __forceinline__ Pair<S> striped_warp_scan(Pair<S> (&x)[ITEMS], int lane, Pair<S> (&pre)[ITEMS / VEC]) {
+  constexpr int NV = ITEMS / VEC;
+  Pair<S> w[NV];
+#pragma unroll
+  for (int m = 0; m < NV; ++m) {
+#pragma unroll
+    for (int e = 1; e < VEC; ++e) x[m * VEC + e] = combine(x[m * VEC + e - 1], x[m * VEC + e]);
+    w[m] = x[m * VEC + VEC - 1];
+  }
+  return striped_lane_scan<S, NV>(w, lane, pre);
 }
 
 // Serial inclusive scan of a thread's ITEMS, then a Kogge-Stone scan of the thread totals
@@ -1264,6 +1270,112 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ---------------------------------------------------------------------------------
+// row_stage (experiment, session 9, docs/PERFORMANCE_CUDA.md 9.4; variant bench only): the
+// striped look-back tile of lookback_regs with its data landed in shared memory by cp.async
+// instead of held in registers, so that several times more tiles (bytes) can be in flight per
+// SM. A lane reads back only the vectors it copied (no barrier for the data). Pass 1 scans
+// the vectors for the warp prefixes; pass 2, after the look-back, re-reads them, applies the
+// prefixes and stores: the same operations in the same order as the register tile, so the
+// same bits. Contiguous rows with 16-byte vectors (d.vec) only.
+template <class T, int NW, int ITEMS, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) tile_stage_kernel(Dev d) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  using P = Pair<S>;
+  constexpr int THREADS = NW * 32, TILE = THREADS * ITEMS, VEC = 16 / sizeof(T), NV = ITEMS / VEC;
+  static_assert(ITEMS % VEC == 0, "whole vectors");
+  extern __shared__ __align__(16) unsigned char s_raw[];
+  T* sa = reinterpret_cast<T*>(s_raw);
+  T* sb = sa + TILE;
+  __shared__ P s_warp[NW];
+  __shared__ P s_excl;
+  __shared__ unsigned s_id;
+  const unsigned id = tile_id<CARRY_LB_WARP>(d, &s_id);
+  const int64_t chain = id % d.nchains, k = id / d.nchains;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t L = d.L, row0 = chain * L;
+  const T* a = static_cast<const T*>(d.a) + row0;
+  const T* b = static_cast<const T*>(d.b) + row0;
+  const int64_t wbase = k * TILE + (int64_t)warp * 32 * ITEMS;
+  const int sw = warp * 32 * ITEMS + lane * VEC;  // the lane's vector 0 in shared memory
+
+  P pre_p = identity<S>();  // warp 0's early read of the 32 nearest status words
+  uint32_t pre_f = ST_INVALID;
+  if (warp == 0 && k > 0) {
+    const int64_t c = k - 32 + lane;
+    if (c >= 0) {
+      Status<S> st(d.status, d.nstatus);
+      pre_f = st.load((size_t)(c * d.nchains + chain), pre_p);
+    } else {
+      pre_f = ST_INC;
+      pre_p = h0_pair<T>(d, chain);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < NV; ++m) {
+    const int64_t p0 = wbase + m * 32 * VEC + lane * VEC;
+    if (p0 < L) {
+      const int64_t q = d.reverse ? L - p0 - VEC : p0;
+      cp_async<16>(sa + sw + m * 32 * VEC, a + q);
+      cp_async<16>(sb + sw + m * 32 * VEC, b + q);
+    }
+  }
+  cp_commit();
+  cp_wait<0>();
+  // vector m of this lane, in logical order, scanned serially (identity past the row's end)
+  auto scanned = [&](int m, P (&x)[VEC]) {
+    if (wbase + m * 32 * VEC + lane * VEC < L) {
+      const Vec16<T> va = *reinterpret_cast<const Vec16<T>*>(sa + sw + m * 32 * VEC);
+      const Vec16<T> vb = *reinterpret_cast<const Vec16<T>*>(sb + sw + m * 32 * VEC);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int src = d.reverse ? VEC - 1 - e : e;
+        x[e] = {E::up(va.v[src]), E::up(vb.v[src])};
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) x[e] = identity<S>();
+    }
+#pragma unroll
+    for (int e = 1; e < VEC; ++e) x[e] = combine(x[e - 1], x[e]);
+  };
+  P w[NV], pre[NV];
+#pragma unroll
+  for (int m = 0; m < NV; ++m) {
+    P x[VEC];
+    scanned(m, x);
+    w[m] = x[VEC - 1];
+  }
+  const P wt = striped_lane_scan<S, NV>(w, lane, pre);
+  if (lane == 31) s_warp[warp] = wt;
+  __syncthreads();
+  const P wp = earlier_warps<S, NW>(s_warp, warp);
+  const P excl = tile_lookback<T, CARRY_LB_WARP>(d, id, chain, k, block_total<S, NW>(s_warp), pre_p, pre_f, s_excl);
+  const P tw = combine(excl, wp);
+  T* h = static_cast<T*>(d.h) + row0;
+  T* ap = d.aprod ? static_cast<T*>(d.aprod) + row0 : nullptr;
+#pragma unroll
+  for (int m = 0; m < NV; ++m) {
+    const int64_t p0 = wbase + m * 32 * VEC + lane * VEC;
+    if (p0 >= L) continue;
+    P x[VEC];
+    scanned(m, x);
+    const P pm = combine(tw, pre[m]);
+    Vec16<T> vh, va;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int src = d.reverse ? VEC - 1 - e : e;
+      const P y = combine(pm, x[src]);
+      vh.v[e] = E::down(y.b);
+      va.v[e] = E::down(y.a);
+    }
+    const int64_t q = d.reverse ? L - p0 - VEC : p0;
+    store16(h + q, vh);
+    if (ap) store16(ap + q, va);
+  }
 }
 
 // One sub-chunk of a row: lane l holds logical items [l*VEC, +VEC) in x. Serial scan in

@@ -131,6 +131,22 @@ void tile_opt(const ScanProblem& p, void* scratch) {
   cudaMemsetAsync(scratch, 0, 256 + Status<typename Elem<T>::S>::reset_bytes(pl.nstatus));
   tile_scan_kernel<T, THREADS, ITEMS, CARRY, MINB, OPT><<<(unsigned)(pl.nchains * pl.nchunks), THREADS>>>(d);
 }
+// row_stage (session 9): the striped tile staged in shared memory by cp.async
+template <class T, int NW, int ITEMS, int MINB>
+void row_stage(const ScanProblem& p, void* scratch) {
+  ScanProblem q = p;
+  q.algorithm = kLookbackRegs;
+  Plan pl = make_plan<T>(q);
+  pl.tile = NW * 32 * ITEMS;
+  pl.nchunks = (p.L + pl.tile - 1) / pl.tile;
+  pl.nstatus = pl.nchains * pl.nchunks;
+  Dev d = make_dev<T>(q, pl, scratch);
+  const size_t smem = 2 * size_t(pl.tile) * sizeof(T);
+  auto kernel = tile_stage_kernel<T, NW, ITEMS, MINB>;
+  if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  cudaMemsetAsync(scratch, 0, 256 + Status<typename Elem<T>::S>::reset_bytes(pl.nstatus));
+  kernel<<<(unsigned)(pl.nchains * pl.nchunks), NW * 32, smem>>>(d);
+}
 template <class T, int TPT, int MINB>
 void strided_lb(const ScanProblem& p, void* scratch) {
   using C = Config<T>;
@@ -194,6 +210,14 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"striped_256xI", [&] { tile_opt<T, 256, I, CARRY_LB_WARP, 1, TILE_STRIPED>(p, scratch); }});
     vs.push_back({"striped_512xI", [&] { tile_opt<T, 512, I, CARRY_LB_WARP, 1, TILE_STRIPED>(p, scratch); }});
     vs.push_back({"striped_256xI_b2", [&] { tile_opt<T, 256, I, CARRY_LB_WARP, 2, TILE_STRIPED>(p, scratch); }});
+    if (s.L % (16 / sizeof(T)) == 0) {  // row_stage: 16-byte vectors only
+      vs.push_back({"stage_w4x2I_b4", [&] { row_stage<T, 4, 2 * I, 4>(p, scratch); }});
+      vs.push_back({"stage_w4x2I_b6", [&] { row_stage<T, 4, 2 * I, 6>(p, scratch); }});
+      vs.push_back({"stage_w8xI_b4", [&] { row_stage<T, 8, I, 4>(p, scratch); }});
+      vs.push_back({"stage_w8x2I_b2", [&] { row_stage<T, 8, 2 * I, 2>(p, scratch); }});
+      vs.push_back({"stage_w4x4I_b3", [&] { row_stage<T, 4, 4 * I, 3>(p, scratch); }});
+      vs.push_back({"stage_w4xI_b8", [&] { row_stage<T, 4, I, 8>(p, scratch); }});
+    }
   } else if (s.i == 1) {
     vs.push_back({"row_walk_s4", [&] { row_walk<T, 4>(p); }});
     vs.push_back({"row_walk_s6", [&] { row_walk<T, 6>(p); }});
