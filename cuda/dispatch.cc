@@ -23,8 +23,14 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //  * contiguous, fewer rows (section 6): row_rounds (a fixed-order fold per round of
   //    co-resident blocks) measured SLOWER than lookback_regs at every shape tried (1 x 2^26
   //    fp32 33% vs 41%, 64 x 2^20 33% vs 45%, bf16 24% vs 37%), so auto keeps lookback_regs.
+  //  * contiguous, fewer rows, long (section 9.4): row_stage (the tile staged in shared memory)
+  //    for L >= 65536 and >= 2^22 elements: 1 x 2^26 fp32 61% vs 45%, 64 x 2^20 69% vs 49%,
+  //    256 x 65536 64% vs 50%, bf16 58% vs 43% (1 x 2^26); shorter rows or fewer tiles measured
+  //    no gain or a loss (511 x 8192 bf16 27% vs 32%, 1 x 2^20 18% vs 22%). It needs 16-byte
+  //    vectors; make_plan falls back to lookback_regs without them.
   if (p.inner == 1) {
     if (p.outer >= 512) return kRowWalk;
+    if (p.L >= 65536 && p.outer * p.L >= (int64_t(1) << 22)) return kRowStage;
     if (p.L <= 512) return kLookbackWarp;
     return kLookbackRegs;
   }

@@ -25,7 +25,8 @@ enum Algorithm : int {
   // Internal, with inter-block communication (a look-back over one flag per tile):
   kStridedStage = 9,  // strided: (L-chunk x 16-byte-per-lane channel tile) staged in smem
   kRowRounds = 10,    // contiguous, few long rows: co-resident blocks fold each round's tiles
-  kNumInternal = 11,
+  kRowStage = 11,     // contiguous, few long rows: lookback_regs' tile staged in shared memory
+  kNumInternal = 12,
 };
 
 enum class DType { F32, F64, BF16, F16, C64 };

@@ -2061,6 +2061,38 @@ cudaError_t rounds_launch(const ScanProblem& p, void* scratch, cudaStream_t stre
   return cudaLaunchKernelEx(&cfg, kernel, d);
 }
 
+// row_stage's geometry (section 9.4: 8 warps x 2 lookback_regs tiles' items per thread,
+// 64 KB of shared memory per block for every dtype); the variant bench times others.
+template <class T>
+struct RowStageTune {
+  static constexpr int NW = 8, ITEMS = 2 * Config<T>::ITEMS_REGS, MINB = 2;
+  static constexpr int TILE = NW * 32 * ITEMS;
+  static constexpr size_t smem() { return 2 * size_t(TILE) * sizeof(T); }
+};
+
+// row_stage needs 16-byte vectors of a, b, h and a_prod (else make_plan takes lookback_regs)
+template <class T>
+bool row_stage_legal(const ScanProblem& p) {
+  return p.inner == 1 && (align_bits(p) & 15) == 0 && p.L % Config<T>::VEC == 0;
+}
+
+template <class T>
+cudaError_t row_stage_launch(const Dev& d, unsigned grid, cudaStream_t stream) {
+  using TU = RowStageTune<T>;
+  auto kernel = tile_stage_kernel<T, TU::NW, TU::ITEMS, TU::MINB>;
+  static std::atomic<int> opted[64];  // the > 48 KB shared-memory opt-in, once per device
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (!opted[dev & 63].load(std::memory_order_relaxed)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TU::smem());
+    if (err != cudaSuccess) return err;
+    opted[dev & 63].store(1, std::memory_order_relaxed);
+  }
+  kernel<<<grid, TU::NW * 32, TU::smem(), stream>>>(d);
+  return cudaGetLastError();
+}
+
 struct Plan {
   int algo;
   bool strided;
@@ -2100,6 +2132,7 @@ Plan make_plan(const ScanProblem& p) {
     pl.total_bytes = rounds_scratch<T, TU::THREADS, TU::ITEMS>(p);
     return pl;
   }
+  if (pl.algo == kRowStage && !row_stage_legal<T>(p)) pl.algo = kLookbackRegs;
   if (pl.algo == kRowWalk && pl.strided) pl.algo = kStridedWalk;
   if (pl.algo == kStridedWalk && !pl.strided) pl.algo = kRowWalk;
   if (pl.algo == kRowWalk || pl.algo == kStridedWalk) {  // no scratch at all
@@ -2118,6 +2151,7 @@ Plan make_plan(const ScanProblem& p) {
       case kHillisSteele: pl.tile = C::HS_THREADS; break;
       case kLookbackSerial:
       case kLookbackWarp: pl.tile = C::THREADS; break;
+      case kRowStage: pl.tile = RowStageTune<T>::TILE; break;
       default:
         // three_pass always uses the big tile; lookback_regs takes the small one for short rows
         pl.kind = (pl.algo == kThreePass || p.L >= C::THREADS * C::ITEMS_REGS) ? 0 : 1;
@@ -2136,7 +2170,8 @@ Plan make_plan(const ScanProblem& p) {
   pl.nchunks = (p.L + tiles_per_chain_len - 1) / tiles_per_chain_len;
   const size_t ntiles = (size_t)pl.nchains * pl.nchunks;
   const size_t per_tile = pl.strided ? C::CW : 1;
-  const bool lookback = pl.algo == kLookbackSerial || pl.algo == kLookbackWarp || pl.algo == kLookbackRegs;
+  const bool lookback = pl.algo == kLookbackSerial || pl.algo == kLookbackWarp || pl.algo == kLookbackRegs ||
+                        pl.algo == kRowStage;
   size_t off = 256;  // the tile counter
   if (lookback) {
     pl.nstatus = ntiles * per_tile;
@@ -2199,7 +2234,8 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   d.vec = aligned && (pl.strided ? p.inner % C::SVEC == 0 : p.L % C::VEC == 0);
   const unsigned grid = (unsigned)ntiles;
   cudaError_t err = cudaSuccess;
-  const bool lookback = pl.algo == kLookbackSerial || pl.algo == kLookbackWarp || pl.algo == kLookbackRegs;
+  const bool lookback = pl.algo == kLookbackSerial || pl.algo == kLookbackWarp || pl.algo == kLookbackRegs ||
+                        pl.algo == kRowStage;
   if (lookback) {
     // Reset the counter and the status flags on the stream before every launch, so that a
     // replay (e.g. of a captured graph) starts from a clean state.
@@ -2223,6 +2259,8 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     case kLookbackWarp:
       tile_scan_kernel<T, C::THREADS, 1, CARRY_LB_WARP><<<grid, C::THREADS, 0, stream>>>(d);
       break;
+    case kRowStage:
+      return row_stage_launch<T>(d, grid, stream);
     case kLookbackRegs:  // striped tiles (docs/PERFORMANCE_CUDA.md section 9.1)
       if (pl.kind == 2)
         tile_scan_kernel<T, C::BIG_THREADS, C::ITEMS_REGS, CARRY_LB_WARP, 1, TILE_STRIPED>

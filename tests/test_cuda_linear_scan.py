@@ -142,6 +142,22 @@ def test_large_contiguous_and_strided(algorithm):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64", "complex64"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_few_long_rows(dtype, reverse):
+    """Few long rows: "auto" runs row_stage (the tile staged in shared memory) when the rows
+    are 16-byte vectors (a multiple of 8 here) and lookback_regs otherwise (the + 3)."""
+    jdt, tol = DTYPES[dtype]
+    for shape in [(64, (1 << 16) + 8), (64, (1 << 16) + 3)]:  # >= 2^22 elements, rows >= 65536
+        a, b, h0 = make(shape, 1, jdt, seed=hash((dtype, reverse, shape)) % 2**32)
+        h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=1, reverse=reverse, h0=h0,
+                                                    return_a_prod=True))(a, b, h0)
+        rh, rp = reference(a, b, h0, 1, reverse)
+        assert rel_err(h, rh) < tol, (shape, "h", rel_err(h, rh))
+        assert rel_err(p, rp) < tol, (shape, "a_prod", rel_err(p, rp))
+
+
+@gpu
 def test_default_is_deterministic():
     """Bitwise-identical results over repeated runs (the full 500-run check is in gpu_check.sh)."""
     a, b, h0 = make((1 << 22,), 0, jnp.float32, seed=3)

@@ -337,8 +337,39 @@ def test_contiguous_lookback_mirror(carry):
             assert check_contiguous(None, carry, reverse, vec, seed=3)
 
 
+def row_stage_slots(nw, items, vec, broken=None):
+    """tile_stage_kernel's shared-memory slot of (warp, lane, vector m): sw + m * 32 * VEC with
+    sw = warp * 32 * ITEMS + lane * VEC, element offsets into a TILE = nw * 32 * items array."""
+    slots = {}
+    for w in range(nw):
+        for l in range(32):
+            sw = (0 if broken == "no_warp_term" else w * 32 * items) + l * vec
+            for m in range(items // vec):
+                step = 32 * vec if broken != "lane_stride" else vec
+                slots[(w, l, m)] = sw + m * step
+    return slots
+
+
+def test_row_stage_slots():
+    """row_stage lands each lane's vectors in its own slots of the staged tile: every (warp,
+    lane, vector) gets a distinct, 16-byte aligned, in-bounds slot, equal to the vector's tile
+    position in the striped layout (so the lane reads back exactly what it copied; the global
+    index arithmetic and combine order are the striped tile's, mirrored above)."""
+    def ok(slots, nw, items, vec):
+        offs = sorted(slots.values())
+        tile = nw * 32 * items
+        distinct = len(set(offs)) == len(offs) and all(0 <= o and o + vec <= tile for o in offs)
+        striped = all(o == w * 32 * items + m * 32 * vec + l * vec for (w, l, m), o in slots.items())
+        return distinct and striped and all(o % vec == 0 for o in offs)
+    for nw, items, vec in ((8, 32, 4), (8, 64, 8), (4, 16, 2)):
+        for bad in ("no_warp_term", "lane_stride"):
+            assert not ok(row_stage_slots(nw, items, vec, bad), nw, items, vec), bad
+        assert ok(row_stage_slots(nw, items, vec), nw, items, vec)
+
+
 def test_striped_tile_mirror():
-    """lookback_regs' striped register tile (TILE_STRIPED) with the warp look-back."""
+    """lookback_regs' striped register tile (TILE_STRIPED) with the warp look-back; row_stage
+    runs the same arithmetic on its staged copy (test_row_stage_slots)."""
     for bad, rev in (("swap_segments", False), ("pred_off_by_one", False), ("reverse_vec_order", True)):
         assert not check_contiguous(bad, "warp", rev, True, seed=4, striped=True), f"{bad} not caught"
     for reverse in (False, True):

@@ -25,7 +25,7 @@
 
 static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
                                "lookback_regs", "hillis_steele", "row_walk", "strided_walk",
-                               "strided_stage", "row_rounds"};
+                               "strided_stage", "row_rounds", "row_stage"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double urand() {
@@ -153,6 +153,7 @@ static int mode_check(bool quick, bool tiny = false) {
   if (quick) shapes = {{2, 5000, 1}, {1, 9001, 1}, {2, 300, 132}, {1, 200, 130}, {1, 777, 264}};
   if (tiny) shapes = {{2, 5000, 1}, {1, 300, 132}, {1, 333, 264}};
   if (tiny && g_only_algo == jss::kRowRounds) shapes.push_back({2, 600000, 1});
+  if (tiny && g_only_algo == jss::kRowStage) shapes.push_back({2, 40000, 1});  // 5 tiles a row
   // every named algorithm and the internal walk kernels (kRowWalk on a strided shape runs
   // the strided walk and vice versa, so each walk kernel is checked in both layouts' list)
   for (int algo = 0; algo < jss::kNumInternal; ++algo)
@@ -194,9 +195,11 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kLookbackSerial},
       {"contiguous 256x65536", 256, 65536, 1, jss::kLookbackRegs},
       {"strided L=65536 C=1024", 1, 65536, 1024, jss::kLookbackRegs},
-      {"contiguous 1x2^24 auto", 1, 1 << 24, 1, jss::kAuto},  // auto: row_rounds
       {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kRowRounds},
       {"contiguous 100x2^18", 100, 1 << 18, 1, jss::kRowRounds},
+      {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kRowStage},
+      {"contiguous 100x2^18", 100, 1 << 18, 1, jss::kRowStage},
+      {"contiguous 1x2^24 auto", 1, 1 << 24, 1, jss::kAuto},  // auto: row_stage
       {"contiguous 4096x4096", 4096, 4096, 1, jss::kRowWalk},
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedWalk},
       {"contiguous 4096x4096 auto", 4096, 4096, 1, jss::kAuto},
@@ -251,6 +254,7 @@ static int mode_graph(int runs) {
       {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kLookbackRegs},
       {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kLookbackWarp},
       {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kRowRounds},  // a cooperative launch
+      {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kRowStage},
       {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kThreePass},
       {"contiguous 1024x4096", 1024, 4096, 1, jss::kRowWalk},
       {"strided L=4096 C=4096", 1, 4096, 4096, jss::kStridedStage},
@@ -306,7 +310,8 @@ static int mode_graph(int runs) {
 static int mode_big() {
   int fails = 0;
   struct B { const char* what; int64_t o, L, i; };
-  std::vector<B> cases = {{"contiguous 1 x (2^31+2^20+3)", 1, (1ll << 31) + (1 << 20) + 3, 1},
+  // (one row of 2^31 + 2^20 + 4: a multiple of 4, so auto runs row_stage's 16-byte vectors)
+  std::vector<B> cases = {{"contiguous 1 x (2^31+2^20+4)", 1, (1ll << 31) + (1 << 20) + 4, 1},
                           {"contiguous rows 2048 x (2^20+4)", 2048, (1 << 20) + 4, 1},
                           {"strided (L=2^17+1, C=16388) axis 0", 1, (1 << 17) + 1, 16388}};
   for (auto& c : cases) {
