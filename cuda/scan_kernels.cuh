@@ -1273,10 +1273,9 @@ __device__ __forceinline__ void cp_wait() {
 }
 
 // ---------------------------------------------------------------------------------
-// row_stage (experiment, session 9, docs/PERFORMANCE_CUDA.md 9.4; variant bench only): the
+// row_stage ("auto" for few long contiguous rows; docs/PERFORMANCE_CUDA.md 9.4-9.6): the
 // striped look-back tile of lookback_regs with its data landed in shared memory by cp.async
-// instead of held in registers, so that several times more tiles (bytes) can be in flight per
-// SM. A lane reads back only the vectors it copied (no barrier for the data). Pass 1 scans
+// instead of held in registers, so that several times more bytes can be in flight per SM. A lane reads back only the vectors it copied (no barrier for the data). Pass 1 scans
 // the vectors for the warp prefixes; pass 2, after the look-back, re-reads them, applies the
 // prefixes and stores: the same operations in the same order as the register tile, so the
 // same bits. Contiguous rows with 16-byte vectors (d.vec) only.
