@@ -103,16 +103,20 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
   io.dout = dev_rand<T>(act, -1, 1);
   io.dlast_fwd = static_cast<const float*>(dev_rand<float>(st, -1, 1));
   io.dlast_rev = static_cast<const float*>(dev_rand<float>(st, -1, 1));
-  io.du = dev_zero(act * sizeof(T));
-  io.ddelta = dev_zero(act * sizeof(T));
-  io.dz = opts ? dev_zero(act * sizeof(T)) : nullptr;
-  io.dA = static_cast<float*>(dev_zero(dim * N * 4));
   const size_t nb = gb ? batch * gb * N * L : dim * N, nc = gc ? batch * gc * N * L : dim * N;
-  io.dB = static_cast<float*>(dev_zero(nb * 4));
-  io.dC = static_cast<float*>(dev_zero(nc * 4));
-  io.dD = opts ? static_cast<float*>(dev_zero(dim * 4)) : nullptr;
-  io.ddelta_bias = opts ? static_cast<float*>(dev_zero(dim * 4)) : nullptr;
-  io.dh0 = opts ? static_cast<float*>(dev_zero(st * 4)) : nullptr;
+  // the gradient results of `g`, freshly allocated by `alloc` (dev_zero or dev_poison)
+  auto alloc_grads = [&](jss::SsBackwardIO& g, void* (*alloc)(size_t)) {
+    g.du = alloc(act * sizeof(T));
+    g.ddelta = alloc(act * sizeof(T));
+    g.dz = opts ? alloc(act * sizeof(T)) : nullptr;
+    g.dA = static_cast<float*>(alloc(dim * N * 4));
+    g.dB = static_cast<float*>(alloc(nb * 4));
+    g.dC = static_cast<float*>(alloc(nc * 4));
+    g.dD = opts ? static_cast<float*>(alloc(dim * 4)) : nullptr;
+    g.ddelta_bias = opts ? static_cast<float*>(alloc(dim * 4)) : nullptr;
+    g.dh0 = opts ? static_cast<float*>(alloc(st * 4)) : nullptr;
+  };
+  alloc_grads(io, dev_zero);
   void* bscratch = dev_zero(jss::ss_backward_scratch_bytes(p));
   CK(jss::ss_backward(p, io, bscratch, 0));
   CK(cudaDeviceSynchronize());
@@ -126,25 +130,28 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
   CK(jss::ss_forward(p, o2, scratch2, 0));
   jss::SsBackwardIO io2 = io;
   io2.ckpt = o2.ckpt;
-  io2.du = dev_zero(act * sizeof(T));
-  io2.ddelta = dev_zero(act * sizeof(T));
-  io2.dz = opts ? dev_zero(act * sizeof(T)) : nullptr;
-  io2.dA = static_cast<float*>(dev_zero(dim * N * 4));
-  io2.dB = static_cast<float*>(dev_zero(nb * 4));
-  io2.dC = static_cast<float*>(dev_zero(nc * 4));
-  io2.dD = opts ? static_cast<float*>(dev_zero(dim * 4)) : nullptr;
-  io2.ddelta_bias = opts ? static_cast<float*>(dev_zero(dim * 4)) : nullptr;
-  io2.dh0 = opts ? static_cast<float*>(dev_zero(st * 4)) : nullptr;
+  alloc_grads(io2, dev_zero);
   void* bscratch2 = dev_zero(jss::ss_backward_scratch_bytes(p, true));
   CK(jss::ss_backward(p, io2, bscratch2, 0));
   CK(cudaDeviceSynchronize());
-  const bool same = same_bits(o.out, o2.out, act * sizeof(T)) && same_bits(io.du, io2.du, act * sizeof(T)) &&
-                    same_bits(io.ddelta, io2.ddelta, act * sizeof(T)) &&
-                    same_bits(io.dz, io2.dz, opts ? act * sizeof(T) : 0) &&
-                    same_bits(io.dA, io2.dA, dim * N * 4) && same_bits(io.dB, io2.dB, nb * 4) &&
-                    same_bits(io.dC, io2.dC, nc * 4) && same_bits(io.dD, io2.dD, opts ? dim * 4 : 0) &&
-                    same_bits(io.ddelta_bias, io2.ddelta_bias, opts ? dim * 4 : 0) &&
-                    same_bits(io.dh0, io2.dh0, opts ? st * 4 : 0);
+  // the first result of (fo, g) that differs bitwise from the first run's (o, io), or null
+  // (lasts: compare the last states too; the second run shares the first one's)
+  auto first_diff = [&](const jss::SsForwardOut& fo, const jss::SsBackwardIO& g, bool lasts) -> const char* {
+    return !same_bits(o.out, fo.out, act * sizeof(T)) ? "out"
+           : lasts && direction != 1 && !same_bits(o.last_fwd, fo.last_fwd, st * 4) ? "last_fwd"
+           : lasts && direction != 0 && !same_bits(o.last_rev, fo.last_rev, st * 4) ? "last_rev"
+           : !same_bits(io.du, g.du, act * sizeof(T)) ? "du"
+           : !same_bits(io.ddelta, g.ddelta, act * sizeof(T)) ? "ddelta"
+           : !same_bits(io.dz, g.dz, opts ? act * sizeof(T) : 0) ? "dz"
+           : !same_bits(io.dA, g.dA, dim * N * 4) ? "dA"
+           : !same_bits(io.dB, g.dB, nb * 4) ? "dB"
+           : !same_bits(io.dC, g.dC, nc * 4) ? "dC"
+           : !same_bits(io.dD, g.dD, opts ? dim * 4 : 0) ? "dD"
+           : !same_bits(io.ddelta_bias, g.ddelta_bias, opts ? dim * 4 : 0) ? "ddelta_bias"
+           : !same_bits(io.dh0, g.dh0, opts ? st * 4 : 0) ? "dh0"
+           : nullptr;
+  };
+  const bool same = first_diff(o2, io2, false) == nullptr;
   // Once more with every scratch and result buffer poisoned (NaN bytes) before the calls:
   // bitwise the first run's results, or something is read before it is written.
   jss::SsForwardOut o3 = o;
@@ -154,15 +161,7 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
   void* fscratch3 = dev_poison(jss::ss_forward_scratch_bytes(p));
   CK(jss::ss_forward(p, o3, fscratch3, 0));
   jss::SsBackwardIO io3 = io;
-  io3.du = dev_poison(act * sizeof(T));
-  io3.ddelta = dev_poison(act * sizeof(T));
-  io3.dz = opts ? dev_poison(act * sizeof(T)) : nullptr;
-  io3.dA = static_cast<float*>(dev_poison(dim * N * 4));
-  io3.dB = static_cast<float*>(dev_poison(nb * 4));
-  io3.dC = static_cast<float*>(dev_poison(nc * 4));
-  io3.dD = opts ? static_cast<float*>(dev_poison(dim * 4)) : nullptr;
-  io3.ddelta_bias = opts ? static_cast<float*>(dev_poison(dim * 4)) : nullptr;
-  io3.dh0 = opts ? static_cast<float*>(dev_poison(st * 4)) : nullptr;
+  alloc_grads(io3, dev_poison);
   void* bscratch3 = dev_poison(jss::ss_backward_scratch_bytes(p));
   CK(jss::ss_backward(p, io3, bscratch3, 0));
   CK(cudaDeviceSynchronize());
@@ -178,19 +177,7 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
   };
   const bool guards_ok = guards_intact(jss::ss_plan(p, false), fscratch3) &&
                          guards_intact(jss::ss_plan(p, true), bscratch3);
-  const char* pz = !same_bits(o.out, o3.out, act * sizeof(T)) ? "out"
-                   : !same_bits(o.last_fwd, o3.last_fwd, st * 4) && direction != 1 ? "last_fwd"
-                   : !same_bits(o.last_rev, o3.last_rev, st * 4) && direction != 0 ? "last_rev"
-                   : !same_bits(io.du, io3.du, act * sizeof(T)) ? "du"
-                   : !same_bits(io.ddelta, io3.ddelta, act * sizeof(T)) ? "ddelta"
-                   : !same_bits(io.dz, io3.dz, opts ? act * sizeof(T) : 0) ? "dz"
-                   : !same_bits(io.dA, io3.dA, dim * N * 4) ? "dA"
-                   : !same_bits(io.dB, io3.dB, nb * 4) ? "dB"
-                   : !same_bits(io.dC, io3.dC, nc * 4) ? "dC"
-                   : !same_bits(io.dD, io3.dD, opts ? dim * 4 : 0) ? "dD"
-                   : !same_bits(io.ddelta_bias, io3.ddelta_bias, opts ? dim * 4 : 0) ? "ddelta_bias"
-                   : !same_bits(io.dh0, io3.dh0, opts ? st * 4 : 0) ? "dh0"
-                   : nullptr;
+  const char* pz = first_diff(o3, io3, true);
   std::printf("%-5s b%ld D%ld L%ld N%ld gb%ld gc%ld dir%d opts%d: %s%s%s%s%s%s\n",
               t == jss::SsDType::F32 ? "f32" : "bf16", (long)batch, (long)dim, (long)L, (long)N,
               (long)gb, (long)gc, direction, (int)opts, ok ? "ok" : "NON-FINITE",

@@ -105,47 +105,37 @@ void strided_walk(const ScanProblem& p) {
   if (smem > 48 * 1024) cudaFuncSetAttribute(strided_walk_kernel<T, STAGES, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   strided_walk_kernel<T, STAGES, K><<<(unsigned)pl.nchains, 32, smem>>>(d);
 }
-// look-back kernels at another occupancy: tile 256 x 16 (f32) with MINB blocks/SM
-template <class T, int THREADS, int ITEMS, int MINB>
-void tile_lb(const ScanProblem& p, void* scratch) {
+// A look-back tile of `tile` elements per row chunk: the kernel parameters, with the counter
+// and status words reset on the stream; returns the number of tiles (the grid).
+template <class T>
+unsigned lb_tiles(const ScanProblem& p, void* scratch, int tile, Dev& d) {
   ScanProblem q = p;
   q.algorithm = kLookbackRegs;
   Plan pl = make_plan<T>(q);
-  pl.tile = THREADS * ITEMS;
+  pl.tile = tile;
   pl.nchunks = (p.L + pl.tile - 1) / pl.tile;
   pl.nstatus = pl.nchains * pl.nchunks;
-  Dev d = make_dev<T>(q, pl, scratch);
+  d = make_dev<T>(q, pl, scratch);
   cudaMemsetAsync(scratch, 0, 256 + Status<typename Elem<T>::S>::reset_bytes(pl.nstatus));
-  tile_scan_kernel<T, THREADS, ITEMS, CARRY_LB_WARP, MINB><<<(unsigned)(pl.nchains * pl.nchunks), THREADS>>>(d);
+  return (unsigned)(pl.nchains * pl.nchunks);
 }
-// the look-back tile (lookback_warp walk) with options (TILE_STRIPED) at other geometries
+// the look-back tile (lookback_warp walk) at other geometries / occupancies, with options
+// (TILE_STRIPED)
 template <class T, int THREADS, int ITEMS, int CARRY, int MINB, int OPT>
 void tile_opt(const ScanProblem& p, void* scratch) {
-  ScanProblem q = p;
-  q.algorithm = kLookbackRegs;
-  Plan pl = make_plan<T>(q);
-  pl.tile = THREADS * ITEMS;
-  pl.nchunks = (p.L + pl.tile - 1) / pl.tile;
-  pl.nstatus = pl.nchains * pl.nchunks;
-  Dev d = make_dev<T>(q, pl, scratch);
-  cudaMemsetAsync(scratch, 0, 256 + Status<typename Elem<T>::S>::reset_bytes(pl.nstatus));
-  tile_scan_kernel<T, THREADS, ITEMS, CARRY, MINB, OPT><<<(unsigned)(pl.nchains * pl.nchunks), THREADS>>>(d);
+  Dev d;
+  const unsigned grid = lb_tiles<T>(p, scratch, THREADS * ITEMS, d);
+  tile_scan_kernel<T, THREADS, ITEMS, CARRY, MINB, OPT><<<grid, THREADS>>>(d);
 }
 // row_stage (session 9): the striped tile staged in shared memory by cp.async
 template <class T, int NW, int ITEMS, int MINB>
 void row_stage(const ScanProblem& p, void* scratch) {
-  ScanProblem q = p;
-  q.algorithm = kLookbackRegs;
-  Plan pl = make_plan<T>(q);
-  pl.tile = NW * 32 * ITEMS;
-  pl.nchunks = (p.L + pl.tile - 1) / pl.tile;
-  pl.nstatus = pl.nchains * pl.nchunks;
-  Dev d = make_dev<T>(q, pl, scratch);
-  const size_t smem = 2 * size_t(pl.tile) * sizeof(T);
+  Dev d;
+  const unsigned grid = lb_tiles<T>(p, scratch, NW * 32 * ITEMS, d);
+  const size_t smem = 2 * size_t(NW * 32 * ITEMS) * sizeof(T);
   auto kernel = tile_stage_kernel<T, NW, ITEMS, MINB>;
   if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  cudaMemsetAsync(scratch, 0, 256 + Status<typename Elem<T>::S>::reset_bytes(pl.nstatus));
-  kernel<<<(unsigned)(pl.nchains * pl.nchunks), NW * 32, smem>>>(d);
+  kernel<<<grid, NW * 32, smem>>>(d);
 }
 template <class T, int TPT, int MINB>
 void strided_lb(const ScanProblem& p, void* scratch) {
@@ -223,9 +213,9 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"row_walk_s6", [&] { row_walk<T, 6>(p); }});
     vs.push_back({"row_walk_s8", [&] { row_walk<T, 8>(p); }});
     vs.push_back({"row_walk_s12", [&] { row_walk<T, 12>(p); }});
-    vs.push_back({"tile_lb_256x16_minb3", [&] { tile_lb<T, 256, 64 / sizeof(T), 3>(p, scratch); }});
-    vs.push_back({"tile_lb_256x16_minb4", [&] { tile_lb<T, 256, 64 / sizeof(T), 4>(p, scratch); }});
-    vs.push_back({"tile_lb_512x16_minb2", [&] { tile_lb<T, 512, 64 / sizeof(T), 2>(p, scratch); }});
+    vs.push_back({"tile_lb_256x16_minb3", [&] { tile_opt<T, 256, 64 / sizeof(T), CARRY_LB_WARP, 3, 0>(p, scratch); }});
+    vs.push_back({"tile_lb_256x16_minb4", [&] { tile_opt<T, 256, 64 / sizeof(T), CARRY_LB_WARP, 4, 0>(p, scratch); }});
+    vs.push_back({"tile_lb_512x16_minb2", [&] { tile_opt<T, 512, 64 / sizeof(T), CARRY_LB_WARP, 2, 0>(p, scratch); }});
   } else {
     vs.push_back({"stage_w8s8_b1", [&] { stage<T, 8, 8, 1>(p, scratch); }});
     vs.push_back({"stage_w8s4_b1", [&] { stage<T, 8, 4, 1>(p, scratch); }});
