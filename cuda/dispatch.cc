@@ -34,6 +34,12 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
     if (p.L <= 512) return kLookbackWarp;
     return kLookbackRegs;
   }
+  //  * strided, longer axes (section 10, variant bench, % of copy, strided_pipe vs auto before):
+  //    fp32 (4096, 24576) 87% vs 79%, (65536, 1024) 76% vs 61%, (16384, 4096) 83% vs 69%; bf16
+  //    66% vs 49%, 47% vs 41%, 60% vs 43%. At L <= 1024 it lost ((1024, 1024) 17% vs 22%,
+  //    (2048, 32, 1024) fp32 62% vs 69%), so those keep the rule above. Float state only
+  //    (elem_bytes 4 or 2; complex64 is 8); make_plan falls back without 16-byte vectors.
+  if (p.L > 1024 && elem_bytes <= 4) return kStridedPipe;
   if (elem_bytes == 2 || (elem_bytes == 4 && p.L <= 1024)) return kStridedStage;
   return kLookbackRegs;
 }

@@ -26,7 +26,8 @@ enum Algorithm : int {
   kStridedStage = 9,  // strided: (L-chunk x 16-byte-per-lane channel tile) staged in smem
   kRowRounds = 10,    // contiguous, few long rows: co-resident blocks fold each round's tiles
   kRowStage = 11,     // contiguous, few long rows: lookback_regs' tile staged in shared memory
-  kNumInternal = 12,
+  kStridedPipe = 12,  // strided: strided_stage's tile in a persistent warp-specialised pipeline
+  kNumInternal = 13,
 };
 
 enum class DType { F32, F64, BF16, F16, C64 };

@@ -1996,6 +1996,18 @@ cudaError_t stage_launch(const ScanProblem& p, void* scratch, cudaStream_t strea
   return cudaGetLastError();
 }
 
+}  // namespace jss
+#include "strided_pipe.cuh"
+namespace jss {
+
+// strided_pipe's geometry: steps per warp (LC = 4 x SPW) and ring slots, at most 227 KB of
+// shared memory for every dtype (docs/PERFORMANCE_CUDA.md section 10; the variant bench
+// times others)
+template <class T>
+struct PipeTune {
+  static constexpr int SPW = 16, NSLOT = 3;
+};
+
 // row_rounds host side, for any geometry (the variant bench launches several; the package
 // uses RoundsTune<T>).
 template <class T>
@@ -2112,6 +2124,15 @@ Plan make_plan(const ScanProblem& p) {
   pl.algo = p.algorithm == kAuto ? resolve_algorithm(p, (int)sizeof(T)) : p.algorithm;
   pl.strided = p.inner > 1;
   if (pl.algo == kStridedStage && !stage_legal<T>(p)) pl.algo = kLookbackRegs;
+  if (pl.algo == kStridedPipe && !pipe_legal<T>(p)) pl.algo = stage_legal<T>(p) ? kStridedStage : kLookbackRegs;
+  if (pl.algo == kStridedPipe) {
+    const PipeGeom<T, PipeTune<T>::SPW> g(p);
+    pl.nct = g.nct;
+    pl.nchains = g.nchains;
+    pl.nchunks = g.nchunks;
+    pl.total_bytes = g.total();
+    return pl;
+  }
   if (pl.algo == kStridedStage) {
     using TU = StageTune<T>;
     const StageGeom<T, TU::NW, TU::SPW> g(p);
@@ -2202,6 +2223,7 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     using TU = StageTune<T>;
     return stage_launch<T, TU::NW, TU::SPW, TU::NBUF>(p, scratch, stream);
   }
+  if (pl.algo == kStridedPipe) return pipe_launch<T, PipeTune<T>::SPW, PipeTune<T>::NSLOT>(p, scratch, stream);
   if (pl.algo == kRowRounds) {
     using TU = RoundsTune<T>;
     return rounds_launch<T, TU::THREADS, TU::ITEMS, TU::MINB>(p, scratch, stream);

@@ -12,7 +12,7 @@
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
 #   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
-#    DET_FILTER=substring (determinism cases), SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
+#    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # Also: variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
 # events; VB_ENV="VB_ROWS=1" picks the shape set), main_bench (python -m jax_selscan.bench
@@ -114,7 +114,7 @@ if has variants; then
     cuda/dispatch.cc -o "$VB" > "$LOGS/build_variants.log" 2>&1 || status=1
   TAIL=40 step variants 240 env ${VB_ENV:-} "$VB"
 fi
-has driver && step driver 240 "$DRV" check
+has driver && step driver ${DRIVER_LIMIT:-240} "$DRV" check ${CHECK_ONLY:-}
 has determinism && step determinism 240 "$DRV" determinism 500 ${DET_FILTER:-}
 if has sanitize; then
   for tool in memcheck racecheck synccheck; do

@@ -96,6 +96,8 @@ SHAPES = [
     ((600, 37), 1),        # >= 512 rows, L not a multiple of the vector width: row_walk scalars
     ((2, 700, 264), 1),    # strided, 16-byte vectors for every dtype: auto runs strided_stage
                            # (11 chunks of 64 steps, a partial channel tile)
+    ((1500, 264), 0),      # strided, L > 1024: auto runs strided_pipe for float32 / bfloat16 /
+                           # float16 (24 chunks, a partial last chunk and channel tile)
 ]
 
 
@@ -158,6 +160,24 @@ def test_few_long_rows(dtype, reverse):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_strided_pipe_long_chains(dtype, reverse):
+    """Strided scans with long chains (auto: strided_pipe): 313 chunks of 64 steps on 3
+    channel tiles, more tiles than the persistent grid holds, so every block's ring wraps
+    around many times and the look-backs reach back several windows; h0, a_prod, an outer
+    dimension; and channels that are not a multiple of the 16-byte vector (the fallback)."""
+    jdt, tol = DTYPES[dtype]
+    for shape, axis in [((20001, 264), 0), ((2, 3000, 136), 1), ((5000, 130), 0)]:
+        a, b, h0 = make(shape, axis, jdt, seed=hash((dtype, reverse, shape)) % 2**32)
+        h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
+                                                    return_a_prod=True))(a, b, h0)
+        rh, rp = reference(a, b, h0, axis, reverse)
+        assert rel_err(h, rh) < tol, (shape, "h", rel_err(h, rh))
+        assert rel_err(p, rp) < tol, (shape, "a_prod", rel_err(p, rp))
+
+
+@gpu
 def test_default_is_deterministic():
     """Bitwise-identical results over repeated runs (the full 500-run check is in gpu_check.sh)."""
     a, b, h0 = make((1 << 22,), 0, jnp.float32, seed=3)
@@ -187,10 +207,12 @@ def test_grad_through_kernel():
 # --- command buffers (CUDA graphs) -----------------------------------------------------
 
 # (shape, axis, dtype, reverse, return_a_prod): contiguous fp32; strided bf16 (strided_stage)
-# reversed; one long fp32 row (look-back over many tiles) reversed with a_prod.
+# reversed; one long fp32 row (look-back over many tiles) reversed with a_prod; a long strided
+# fp32 axis (strided_pipe) with a_prod.
 GRAPH_CASES = [((3, 5000), 1, "float32", False, False),
                ((2, 700, 264), 1, "bfloat16", True, False),
-               ((20000,), 0, "float32", True, True)]
+               ((20000,), 0, "float32", True, True),
+               ((3000, 512), 0, "float32", False, True)]  # strided_pipe
 
 _GRAPH_SCRIPT = textwrap.dedent("""
     import json, sys
@@ -321,6 +343,9 @@ def test_cuda_scratch_sizes():
     assert q("float32", 0, 64, 1, False, 0) == 0  # empty: nothing is launched
     # more tiles, more status words
     assert q("float32", 1, 1 << 20, 1, False, 3) > q("float32", 1, 1 << 16, 1, False, 3) > 0
+    # strided, L > 1024 (auto: strided_pipe): one 16-byte status word per channel and 64-step tile
+    assert q("float32", 1, 3000, 512, False, 0) >= 16 * 512 * -(-3000 // 64)
+    assert q("bfloat16", 1, 3000, 512, False, 0) >= 16 * 512 * -(-3000 // 64)
     # every named algorithm and dtype answers; unknown ones are refused
     for dtype in DTYPES:
         for alg in range(len(ALGOS)):

@@ -2,7 +2,8 @@
 // for compute-sanitizer (memcheck, racecheck, synccheck), the determinism check and the
 // > 2^31-element check. Build:
 //   nvcc -O2 -std=c++17 -arch=sm_90 -Icuda cuda/tools/scan_driver.cu cuda/scan_*.cu cuda/dispatch.cc
-// Modes:  check            all algorithms x layouts x dtypes (f32, f64, bf16, c64) on small shapes
+// Modes:  check [NAME]     all algorithms (or only NAME) x layouts x dtypes (f32, f64, bf16, c64)
+//                          on small shapes
 //         determinism N [S] N runs of one input, bitwise compared on the device (cases matching S)
 //         tiny [NAME]      the sanitizer shapes (only kernel NAME, e.g. strided_stage)
 //         big              more than 2^31 elements, contiguous and strided, checked in windows
@@ -25,7 +26,7 @@
 
 static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
                                "lookback_regs", "hillis_steele", "row_walk", "strided_walk",
-                               "strided_stage", "row_rounds", "row_stage"};
+                               "strided_stage", "row_rounds", "row_stage", "strided_pipe"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double urand() {
@@ -150,10 +151,15 @@ static int mode_check(bool quick, bool tiny = false) {
   // (2, 600000, 1): row_rounds with more tiles (294) than resident blocks (264 on an H200):
   // two rounds, a row starting inside the first round, a partial last round
   if (!quick) shapes.push_back({2, 600000, 1});
+  // strided_pipe: 118 chunks of 64 steps on 33 (fp32) or 17 (bf16) chains, a partial last chunk
+  if (!quick && g_only_algo == jss::kStridedPipe) shapes.push_back({1, 7501, 4224});
   if (quick) shapes = {{2, 5000, 1}, {1, 9001, 1}, {2, 300, 132}, {1, 200, 130}, {1, 777, 264}};
   if (tiny) shapes = {{2, 5000, 1}, {1, 300, 132}, {1, 333, 264}};
   if (tiny && g_only_algo == jss::kRowRounds) shapes.push_back({2, 600000, 1});
   if (tiny && g_only_algo == jss::kRowStage) shapes.push_back({2, 40000, 1});  // 5 tiles a row
+  // strided_pipe: more tiles than ring slots x resident blocks on one chain (a block's ring
+  // wraps around several times, the look-back window moves back), a partial last chunk
+  if (tiny && g_only_algo == jss::kStridedPipe) shapes.push_back({1, 30001, 264});
   // every named algorithm and the internal walk kernels (kRowWalk on a strided shape runs
   // the strided walk and vice versa, so each walk kernel is checked in both layouts' list)
   for (int algo = 0; algo < jss::kNumInternal; ++algo)
@@ -208,6 +214,9 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedStage},
       {"strided L=65536 C=1024 auto", 1, 65536, 1024, jss::kAuto},
       {"strided L=1024 C=24576 auto", 1, 1024, 24576, jss::kAuto},  // auto: strided_stage
+      {"strided L=65536 C=1024", 1, 65536, 1024, jss::kStridedPipe},
+      {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedPipe},
+      {"strided L=2^20 C=256", 1, 1 << 20, 256, jss::kStridedPipe},  // 2 chains of 16384 tiles
   };
   int fails = 0;
   for (auto& c : cases) {
@@ -259,6 +268,7 @@ static int mode_graph(int runs) {
       {"contiguous 1024x4096", 1024, 4096, 1, jss::kRowWalk},
       {"strided L=4096 C=4096", 1, 4096, 4096, jss::kStridedStage},
       {"strided L=4096 C=4096", 1, 4096, 4096, jss::kLookbackRegs},
+      {"strided L=4096 C=4096", 1, 4096, 4096, jss::kStridedPipe},
   };
   int fails = 0;
   cudaStream_t st;
@@ -369,7 +379,7 @@ static int mode_big() {
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "check";
-  if ((mode == "tiny" || mode == "quick") && argc > 2)
+  if ((mode == "tiny" || mode == "quick" || mode == "check") && argc > 2)
     for (int k = 0; k < jss::kNumInternal; ++k)
       if (std::string(argv[2]) == kNames[k]) g_only_algo = k;
   if (mode == "check") return mode_check(false);

@@ -156,6 +156,35 @@ void stage(const ScanProblem& p, void* scratch) {
   CK((stage_launch<T, NW, SPW, NBUF>(p, scratch, 0)));
 }
 
+// strided_pipe at another geometry: SPW steps per warp (LC = 4 x SPW), NSLOT ring slots;
+// false (not run) where its shared memory does not fit one block
+template <class T, int SPW, int NSLOT>
+bool pipe_fits() { return PipeCfg<T, SPW, NSLOT>::smem() <= 227 * 1024; }
+template <class T, int SPW, int NSLOT>
+void pipe(const ScanProblem& p, void* scratch) {
+  CK((pipe_launch<T, SPW, NSLOT>(p, scratch, 0)));
+}
+#ifdef JSS_PIPE_STATS
+// One more launch with the kernel's counters on: per finished tile, the finisher's cycles
+// waiting for the aggregators, in the look-back (+ publish + barrier), in the walk + stores;
+// the producer's wait for a free slot, the aggregators' wait for a full one and their work
+// (cycles of one thread per role and block); per channel and tile, how often the look-back
+// read past its first words, spun on an empty word, moved a window further back.
+static void pipe_stats(const std::string& name, const std::function<void()>& f, int cw) {
+  unsigned long long z[16] = {0}, v[16];
+  CK(cudaMemcpyToSymbol(g_pipe_stats, z, sizeof(z)));
+  f();
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpyFromSymbol(v, g_pipe_stats, sizeof(v)));
+  const double n = v[0] ? (double)v[0] : 1, nc = n * cw;
+  std::printf("   stats %-12s tiles %llu | fin wait %.0f lookback %.0f walk %.0f | producer wait %.0f | "
+              "agg wait %.0f work %.0f cycles | per channel: past the first words %.3f, spins %.3f, "
+              "windows back %.3f\n",
+              name.c_str(), v[0], v[3] / n, v[4] / n, v[6] / n, v[7] / n, v[9] / n, v[10] / n, v[13] / nc,
+              v[12] / nc, v[2] / nc);
+}
+#endif
+
 // row_rounds at another geometry: THREADS x ITEMS per tile, MINB blocks per SM
 template <class T, int THREADS, int ITEMS, int MINB>
 void rounds(const ScanProblem& p, void* scratch) {
@@ -225,6 +254,17 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"stage_w8s6_b2", [&] { stage<T, 8, 6, 2>(p, scratch); }});
     vs.push_back({"stage_w8s8_b2", [&] { stage<T, 8, 8, 2>(p, scratch); }});
     vs.push_back({"stage_w4s8_b2", [&] { stage<T, 4, 8, 2>(p, scratch); }});
+    // session 10 (docs/PERFORMANCE_CUDA.md section 10): the warp-specialised pipeline
+#define JSS_PIPE(SPW, NSLOT) \
+  if (pipe_fits<T, SPW, NSLOT>()) vs.push_back({"pipe_s" #SPW "_n" #NSLOT, [&] { pipe<T, SPW, NSLOT>(p, scratch); }});
+    JSS_PIPE(16, 3) JSS_PIPE(16, 2) JSS_PIPE(12, 4) JSS_PIPE(8, 6)
+#undef JSS_PIPE
+  }
+  if (std::getenv("VB_PIPE_ONLY")) {  // only auto and the pipeline variants
+    std::vector<std::pair<std::string, std::function<void()>>> keep;
+    for (auto& v : vs)
+      if (v.first == "auto" || v.first.rfind("pipe_", 0) == 0) keep.push_back(v);
+    vs.swap(keep);
   }
   if (ncu) {  // one launch of each, for the profiler
     for (auto& v : vs) v.second();
@@ -251,6 +291,10 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
                   rel < (sizeof(T) == 4 ? 1e-5 : 1e-2) ? "" : " BAD");
     }
     std::printf("\n");
+#ifdef JSS_PIPE_STATS
+    for (auto& v : vs)
+      if (v.first.rfind("pipe_", 0) == 0) pipe_stats(v.first, v.second, StageCfg<T>::CW);
+#endif
     fflush(stdout);
   }
   cudaFree(a); cudaFree(b); cudaFree(h); cudaFree(ref); cudaFree(h0); cudaFree(scratch);
