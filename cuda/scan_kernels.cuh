@@ -1630,6 +1630,87 @@ __device__ __forceinline__ Pair<S> ldcg_pair(const Pair<S>* p) {
   return {ldcg(&p->a), ldcg(&p->b)};
 }
 
+// One warp's steps of a staged strided tile, shared by strided_stage and strided_pipe. The
+// staged layout: per step, the 32 lanes' 16-byte vectors of a, then those of b (64 uint4); a
+// lane reads only its own vectors. staged_fold: the fold of the first n <= SPW steps, per
+// channel of the lane, into x (from the identity).
+template <class T, int SPW>
+__device__ __forceinline__ void staged_fold(const uint4* st, int n, int lane,
+                                            Pair<typename Elem<T>::S> (&x)[Vec16<T>::N]) {
+  using E = Elem<T>;
+  using S = typename E::S;
+#pragma unroll
+  for (int e = 0; e < Vec16<T>::N; ++e) x[e] = identity<S>();
+#pragma unroll
+  for (int i = 0; i < SPW; ++i) {
+    if (i < n) {
+      Vec16<T> va, vb;
+      *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
+      *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
+#pragma unroll
+      for (int e = 0; e < Vec16<T>::N; ++e) x[e] = combine(x[e], Pair<S>{E::up(va.v[e]), E::up(vb.v[e])});
+    }
+  }
+}
+
+// staged_walk: the same steps again from the prefix c (per channel), storing h at ph (and the
+// running product at pp unless null), the pointers moving by `step` elements per step.
+template <class T, int SPW>
+__device__ __forceinline__ void staged_walk(const uint4* st, int n, int lane, int64_t step,
+                                            Pair<typename Elem<T>::S> (&c)[Vec16<T>::N], T* ph, T* pp) {
+  using E = Elem<T>;
+  constexpr int V = Vec16<T>::N;
+  if (pp) {
+#pragma unroll
+    for (int i = 0; i < SPW; ++i) {
+      if (i < n) {
+        Vec16<T> va, vb, vh, vp;
+        *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
+        *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          c[e] = combine(c[e], {E::up(va.v[e]), E::up(vb.v[e])});
+          vh.v[e] = E::down(c[e].b);
+          vp.v[e] = E::down(c[e].a);
+        }
+        store16(ph, vh);
+        store16(pp, vp);
+      }
+      ph += step;
+      pp += step;
+    }
+    return;
+  }
+  // h only: the running product is not needed (the same b bits: fma(a, b1, b2)). The shared
+  // loads go two steps ahead of their stores (one after the other, each step's loads would
+  // wait behind the last step's store).
+  constexpr int BJ = SPW % 2 == 0 ? 2 : 1;
+#pragma unroll
+  for (int i0 = 0; i0 < SPW; i0 += BJ) {
+    Vec16<T> va[BJ], vb[BJ];
+#pragma unroll
+    for (int u = 0; u < BJ; ++u) {
+      if (i0 + u < n) {
+        *reinterpret_cast<uint4*>(&va[u]) = st[(i0 + u) * 64 + lane];
+        *reinterpret_cast<uint4*>(&vb[u]) = st[(i0 + u) * 64 + 32 + lane];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < BJ; ++u) {
+      if (i0 + u < n) {
+        Vec16<T> vh;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          c[e].b = s_fma(E::up(va[u].v[e]), c[e].b, E::up(vb[u].v[e]));
+          vh.v[e] = E::down(c[e].b);
+        }
+        store16(ph, vh);
+      }
+      ph += step;
+    }
+  }
+}
+
 template <class T, int NW, int SPW, int NBUF>
 __global__ void __launch_bounds__(NW * 32) strided_stage_kernel(Dev d) {
   using E = Elem<T>;
@@ -1721,20 +1802,7 @@ __global__ void __launch_bounds__(NW * 32) strided_stage_kernel(Dev d) {
 
     // 1. first walk: the warp's aggregate of its SPW steps, per channel
     P x[V];
-#pragma unroll
-    for (int e = 0; e < V; ++e) x[e] = identity<S>();
-    if (r.active) {
-#pragma unroll
-      for (int i = 0; i < SPW; ++i) {
-        if (i < r.n) {
-          Vec16<T> va, vb;
-          *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
-          *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
-#pragma unroll
-          for (int e = 0; e < V; ++e) x[e] = combine(x[e], P{E::up(va.v[e]), E::up(vb.v[e])});
-        }
-      }
-    }
+    staged_fold<T, SPW>(st, r.active ? r.n : 0, lane, x);
 #pragma unroll
     for (int e = 0; e < V; ++e) s_agg[w][lane * V + e] = x[e];
     __syncthreads();
@@ -1812,44 +1880,7 @@ __global__ void __launch_bounds__(NW * 32) strided_stage_kernel(Dev d) {
           if (q < w) acc = combine(acc, s_agg[q][ch]);
         c[e] = acc;
       }
-      T* ph = H + r.off;
-      if (AP) {
-        T* pp = AP + r.off;
-#pragma unroll
-        for (int i = 0; i < SPW; ++i) {
-          if (i < r.n) {
-            Vec16<T> va, vb, vh, vp;
-            *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
-            *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-              c[e] = combine(c[e], P{E::up(va.v[e]), E::up(vb.v[e])});
-              vh.v[e] = E::down(c[e].b);
-              vp.v[e] = E::down(c[e].a);
-            }
-            store16(ph, vh);
-            store16(pp, vp);
-          }
-          ph += step;
-          pp += step;
-        }
-      } else {  // h only: the running product is not needed (same b bits: fma(a, b1, b2))
-#pragma unroll
-        for (int i = 0; i < SPW; ++i) {
-          if (i < r.n) {
-            Vec16<T> va, vb, vh;
-            *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
-            *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-              c[e].b = s_fma(E::up(va.v[e]), c[e].b, E::up(vb.v[e]));
-              vh.v[e] = E::down(c[e].b);
-            }
-            store16(ph, vh);
-          }
-          ph += step;
-        }
-      }
+      staged_walk<T, SPW>(st, r.n, lane, step, c, H + r.off, AP ? AP + r.off : nullptr);
     }
     if (NBUF == 1) {  // non-persistent grid: one tile per block
       return;

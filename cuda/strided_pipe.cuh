@@ -38,8 +38,12 @@
 // Synchronisation inside the block (mbarriers; arrive = release, wait = acquire, CTA scope):
 //   full[s]    33 arrivals: the producer's 32 lanes by cp.async.mbarrier.arrive.noinc (each
 //              when its copies have landed) + lane 0 after writing s_ids[s];
-//   scanned[s] 1 arrival: aggregator thread 0 after the role's named barrier (s_agg[s]);
-//   empty[s]   128 arrivals: every finisher thread after its last read of slot s.
+//   scanned[s] 1 arrival: aggregator thread 0 after the role's named barrier (s_agg[s]; the
+//              aggregators' reads of the slot and of s_ids[s] are done), waited for by the
+//              finishers and by the producer before the refill;
+//   empty[s]   128 arrivals: every finisher thread after its last read of slot s (waited for
+//              by the producer before the refill, and by the aggregators before they rewrite
+//              s_agg[s]).
 // The u-th use of slot s (u = i / NSLOT for the block's i-th tile) waits for phase parity
 // u & 1 of full / scanned, and the producer's refill for parity (u - 1) & 1 of empty (a phase
 // never completes twice ahead of its waiter: each refill waits for the last use's empty).
@@ -265,7 +269,12 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
     for (int i = 0;; ++i) {
       const int s = i % NSLOT;
       JSS_PIPE_CLOCK(t0);
-      if (i >= NSLOT) mbar_wait(empty + s, ((i / NSLOT) - 1) & 1);
+      if (i >= NSLOT) {
+        mbar_wait(empty + s, ((i / NSLOT) - 1) & 1);
+        // the aggregators' reads of the slot and its id came before the finishers' (so this
+        // returns at once); waited for directly, as for the aggregators' s_agg below
+        mbar_wait(scanned + s, ((i / NSLOT) - 1) & 1);
+      }
       if (lane == 0) JSS_PIPE_STAT(7, clock64() - t0);
       unsigned id = 0;
       if (lane == 0) id = atomicAdd(d.counter, 1u);
@@ -317,27 +326,16 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
       int n;
       bool active;
       first_off(cur, (int64_t)w * SPW, n, active);
-      const uint4* src = s_slot + ((size_t)s * LC + w * SPW) * 64;
       P x[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) x[e] = identity<float>();
-      if (active) {
-#pragma unroll
-        for (int j = 0; j < SPW; ++j) {
-          if (j < n) {
-            Vec16<T> va, vb;
-            *reinterpret_cast<uint4*>(&va) = src[j * 64 + lane];
-            *reinterpret_cast<uint4*>(&vb) = src[j * 64 + 32 + lane];
-#pragma unroll
-            for (int e = 0; e < V; ++e) x[e] = combine(x[e], P{E::up(va.v[e]), E::up(vb.v[e])});
-          }
-        }
-      }
+      staged_fold<T, SPW>(s_slot + ((size_t)s * LC + w * SPW) * 64, active ? n : 0, lane, x);
       P* sa = s_agg + (size_t)s * PIPE_GROUP * CW;
+      // The finishers' reads of this slot's last aggregates came before the producer's refill,
+      // so this wait returns at once; it states the order directly (racecheck does not follow
+      // it through the producer's asynchronous arrivals).
+      if (i >= NSLOT) mbar_wait(empty + s, ((i / NSLOT) - 1) & 1);
 #pragma unroll
       for (int e = 0; e < V; ++e) sa[w * CW + lane * V + e] = x[e];
       group_sync(1);
-      if (tid == 0) mbar_arrive(scanned + s);  // s_agg[s] is complete
       const int64_t chain = cur % nchains, k = cur / nchains;
 #pragma unroll
       for (int m = 0; m < PER; ++m) {
@@ -351,6 +349,10 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
           else st.publish((size_t)cur * CW + ch, ST_AGG, t);
         }
       }
+      // every aggregator thread is done with s_agg[s], the slot and s_ids[s] (the finishers,
+      // then the producer, take them over)
+      group_sync(1);
+      if (tid == 0) mbar_arrive(scanned + s);
       if (tid == 0) JSS_PIPE_STAT(10, clock64() - t1);
     }
     return;
@@ -367,6 +369,9 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
     const int s = i % NSLOT, par = i & 1;
     JSS_PIPE_CLOCK(t0);
     mbar_wait(scanned + s, (i / NSLOT) & 1);
+    // (not needed by the protocol: every thread has waited itself; with it, compute-sanitizer's
+    // racecheck also sees the aggregators' s_agg writes ordered before the reads below)
+    group_sync(2);
     JSS_PIPE_CLOCK(t1);
     if (ftid == 0) JSS_PIPE_STAT(3, t1 - t0);
     const unsigned cur = s_ids[s];
@@ -413,56 +418,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
           if (q < w) acc = combine(acc, sa[q * CW + ch]);
         cv[e] = acc;
       }
-      T* ph = H + off;
-      if (AP) {
-        T* pp = AP + off;
-#pragma unroll
-        for (int j = 0; j < SPW; ++j) {
-          if (j < n) {
-            Vec16<T> va, vb, vh, vp;
-            *reinterpret_cast<uint4*>(&va) = src[j * 64 + lane];
-            *reinterpret_cast<uint4*>(&vb) = src[j * 64 + 32 + lane];
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-              cv[e] = combine(cv[e], P{E::up(va.v[e]), E::up(vb.v[e])});
-              vh.v[e] = E::down(cv[e].b);
-              vp.v[e] = E::down(cv[e].a);
-            }
-            store16(ph, vh);
-            store16(pp, vp);
-          }
-          ph += step;
-          pp += step;
-        }
-      } else {  // h only: the running product is not needed (same b bits)
-        // shared loads two steps ahead of their stores (one after the other, each step's loads
-        // would wait behind the last step's store)
-        constexpr int BJ = SPW % 2 == 0 ? 2 : 1;
-#pragma unroll
-        for (int j0 = 0; j0 < SPW; j0 += BJ) {
-          Vec16<T> va[BJ], vb[BJ];
-#pragma unroll
-          for (int u = 0; u < BJ; ++u) {
-            if (j0 + u < n) {
-              *reinterpret_cast<uint4*>(&va[u]) = src[(j0 + u) * 64 + lane];
-              *reinterpret_cast<uint4*>(&vb[u]) = src[(j0 + u) * 64 + 32 + lane];
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < BJ; ++u) {
-            if (j0 + u < n) {
-              Vec16<T> vh;
-#pragma unroll
-              for (int e = 0; e < V; ++e) {
-                cv[e].b = s_fma(E::up(va[u].v[e]), cv[e].b, E::up(vb[u].v[e]));
-                vh.v[e] = E::down(cv[e].b);
-              }
-              store16(ph, vh);
-            }
-            ph += step;
-          }
-        }
-      }
+      staged_walk<T, SPW>(src, n, lane, step, cv, H + off, AP ? AP + off : nullptr);
     }
     mbar_arrive(empty + s);
     if (ftid == 0) {
