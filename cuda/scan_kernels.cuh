@@ -2254,7 +2254,22 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     using TU = StageTune<T>;
     return stage_launch<T, TU::NW, TU::SPW, TU::NBUF>(p, scratch, stream);
   }
-  if (pl.algo == kStridedPipe) return pipe_launch<T, PipeTune<T>::SPW, PipeTune<T>::NSLOT>(p, scratch, stream);
+  if (pl.algo == kStridedPipe) {
+    using TU = PipeTune<T>;
+    bool fits = false;
+    const cudaError_t err = pipe_fits_device<T, TU::SPW, TU::NSLOT>(fits);
+    if (err != cudaSuccess) return err;
+    if (fits) return pipe_launch<T, TU::SPW, TU::NSLOT>(p, scratch, stream);
+    // A GPU with less shared memory per block than the ring needs (an A100 has 163 KB): the
+    // strided lookback_regs kernel. Its status words fit the scratch planned for the pipe (one
+    // 16-byte word per channel and 64-step chunk, over at most as many channels: 128-channel
+    // tiles instead of 256 for 16-bit types), and the scratch XLA gives is in any case the
+    // larger of the aligned plan and the unaligned one, which is lookback_regs' (ffi_module.cc).
+    // Not run on such a GPU here.
+    ScanProblem q = p;
+    q.algorithm = kLookbackRegs;
+    return launch_t<T>(q, scratch, stream);
+  }
   if (pl.algo == kRowRounds) {
     using TU = RoundsTune<T>;
     return rounds_launch<T, TU::THREADS, TU::ITEMS, TU::MINB>(p, scratch, stream);
