@@ -1071,6 +1071,12 @@ def pipe_mirror(a, b, h0, reverse, vw, spw, nslot, nblocks, rng, W=2, FIRST=1, b
                 acc = v if f == INC else comb(acc, v)
         return acc, wide
 
+    def tile_total(sub):  # the 4 warps' aggregates folded in warp order
+        t = sub[0]
+        for q in range(1, 4):
+            t = comb(t, sub[q])
+        return t
+
     class Block:
         def __init__(self):
             self.slots = [None] * nslot  # (id, data) landed by the producer
@@ -1120,9 +1126,7 @@ def pipe_mirror(a, b, h0, reverse, vw, spw, nslot, nblocks, rng, W=2, FIRST=1, b
                 acc = comb(acc, x)
             sub.append(acc)
         bl.sagg[bl.i_agg] = (tid, sub)
-        t = sub[0]
-        for q in range(1, 4):
-            t = comb(t, sub[q])
+        t = tile_total(sub)
         k = tid // nchains
         for ch in range(cw):
             tc = (t[0][ch], t[1][ch])
@@ -1156,9 +1160,7 @@ def pipe_mirror(a, b, h0, reverse, vw, spw, nslot, nblocks, rng, W=2, FIRST=1, b
             excl.append(r[0])
             wide[ch] = r[1]
         bl.wide.update(wide)
-        t = sub[0]
-        for q in range(1, 4):
-            t = comb(t, sub[q])
+        t = tile_total(sub)
         for ch in range(cw):
             if k > 0:
                 publish(tid, ch, INC, comb(excl[ch], (t[0][ch], t[1][ch])))
