@@ -452,24 +452,28 @@ bool pipe_legal(const ScanProblem& p) {
   return std::is_same<typename Elem<T>::S, float>::value && stage_legal<T>(p);
 }
 
-// Whether the current device lets one block have the ring's shared memory (asked once per
-// device; the H100 / H200 allow 227 KB, an A100 163 KB).
-template <class T, int SPW, int NSLOT>
-cudaError_t pipe_fits_device(bool& fits) {
-  static std::atomic<int> cache[64];  // 0: not asked, 1: fits, 2: does not
+// Whether the current device lets one block have `need` bytes of shared memory (asked once
+// per device and cache; the H100 / H200 allow 227 KB, an A100 163 KB).
+inline cudaError_t smem_fits_device(size_t need, std::atomic<int> (&cache)[64], bool& fits) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  int v = cache[dev & 63].load(std::memory_order_relaxed);
+  int v = cache[dev & 63].load(std::memory_order_relaxed);  // 0: not asked, 1: fits, 2: not
   if (v == 0) {
     int optin = 0;
     err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (err != cudaSuccess) return err;
-    v = (size_t)optin >= PipeCfg<T, SPW, NSLOT>::smem() ? 1 : 2;
+    v = (size_t)optin >= need ? 1 : 2;
     cache[dev & 63].store(v, std::memory_order_relaxed);
   }
   fits = v == 1;
   return cudaSuccess;
+}
+
+template <class T, int SPW, int NSLOT>
+cudaError_t pipe_fits_device(bool& fits) {
+  static std::atomic<int> cache[64];
+  return smem_fits_device(PipeCfg<T, SPW, NSLOT>::smem(), cache, fits);
 }
 
 template <class T, int SPW, int NSLOT>

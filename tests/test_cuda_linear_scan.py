@@ -178,6 +178,23 @@ def test_strided_pipe_long_chains(dtype, reverse):
 
 
 @gpu
+@pytest.mark.parametrize("reverse", [False, True])
+def test_row_pipe_long_rows(reverse):
+    """Few long fp32 rows (auto: row_pipe): one row of 512 tiles (more than the persistent
+    grid's ring slots, and far past the 128-word look-back window), 8 rows with a partial last
+    tile, h0 and a_prod; and a row length that is not a multiple of the 16-byte vector (the
+    fallback)."""
+    jdt, tol = DTYPES["float32"]
+    for shape, axis in [((1 << 22,), 0), ((8, (1 << 19) + 4096), 1), ((5, (1 << 20) + 2), 1)]:
+        a, b, h0 = make(shape, axis, jdt, seed=hash((reverse, shape)) % 2**32)
+        h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
+                                                    return_a_prod=True))(a, b, h0)
+        rh, rp = reference(a, b, h0, axis, reverse)
+        assert rel_err(h, rh) < tol, (shape, "h", rel_err(h, rh))
+        assert rel_err(p, rp) < tol, (shape, "a_prod", rel_err(p, rp))
+
+
+@gpu
 def test_default_is_deterministic():
     """Bitwise-identical results over repeated runs (the full 500-run check is in gpu_check.sh)."""
     a, b, h0 = make((1 << 22,), 0, jnp.float32, seed=3)
@@ -346,6 +363,10 @@ def test_cuda_scratch_sizes():
     # strided, L > 1024 (auto: strided_pipe): one 16-byte status word per channel and 64-step tile
     assert q("float32", 1, 3000, 512, False, 0) >= 16 * 512 * -(-3000 // 64)
     assert q("bfloat16", 1, 3000, 512, False, 0) >= 16 * 512 * -(-3000 // 64)
+    # few long fp32 rows (auto: row_pipe): one 16-byte status word per 8192-element tile
+    assert _cuda.resolve_algorithm(1, 1 << 26, 1) == 13  # kRowPipe (cuda/linear_scan.h)
+    assert _cuda.resolve_algorithm(1024, 1 << 16, 1) == 7  # kRowWalk from 1024 rows
+    assert q("float32", 1, 1 << 22, 1, False, 0) >= 16 * ((1 << 22) // 8192)
     # every named algorithm and dtype answers; unknown ones are refused
     for dtype in DTYPES:
         for alg in range(len(ALGOS)):

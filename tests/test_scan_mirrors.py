@@ -1216,3 +1216,254 @@ def test_pipe_mirror():
             assert check_pipe(None, reverse, seed=seed)
         assert check_pipe(None, reverse, shape=(1, 37, 136), vw=4, spw=1, nslot=2, nblocks=3, seed=4)
         assert check_pipe(None, reverse, shape=(3, 9, 8), vw=8, spw=4, nslot=4, nblocks=2, seed=5, W=8)
+
+
+# ----------------------------------------------------------------------------------------
+# row_pipe_kernel (cuda/row_pipe.cuh): contiguous fp32 tiles in the warp-specialised pipeline.
+# `lanes` stands for the warp's 32 lanes (a power of two); 4 aggregator and 4 finisher warps
+# as on the GPU; the look-back window is one word per finisher thread (4 * lanes). nv: a
+# multiple of 8 on the GPU (the swizzle's groups); here any nv with swz_bits <= log2(nv).
+def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=8, swz_bits=0,
+                    broken=None):
+    outer, L, inner = a.shape
+    assert inner == 1
+    G = 4
+    tile, win = G * lanes * nv * vec, G * lanes
+    nvt = tile // vec
+    nchains, nchunks = outer, -(-L // tile)
+    ntiles = nchains * nchunks
+    fa, fb = a[:, :, 0], b[:, :, 0]
+    h, ap = np.full((outer, L), np.nan), np.full((outer, L), np.nan)
+    written = np.zeros((outer, L), int)
+    clock = [0]
+    words = {}  # tile -> list of (visible from, flag, pair), newest last
+    stats = {"spins": 0, "far": 0}
+    mask = (1 << swz_bits) - 1
+
+    def swz(v):  # rp_swz: the low bits of v XOR-ed with (v // nv)'s
+        return (v | ((v // nv) & mask)) if broken == "swz_or" else v ^ ((v // nv) & mask)
+
+    def publish(tid, flag, pair):
+        words.setdefault(tid, []).append((clock[0] + int(rng.integers(0, lag)), flag, pair))
+
+    def load(tid):
+        seen = [w for w in words.get(tid, []) if w[0] <= clock[0]]
+        return (seen[-1][1], seen[-1][2]) if seen else (INVALID, None)
+
+    def land(tid):  # the producer's copy: vector v (row order) at slot position swz(v)
+        chain, k = tid % nchains, tid // nchains
+        sa, sb = np.full((nvt, vec), np.nan), np.full((nvt, vec), np.nan)
+        for v in range(nvt):
+            p0 = k * tile + v * vec
+            if p0 < L:
+                q = L - p0 - vec if reverse else p0
+                sa[swz(v)], sb[swz(v)] = fa[chain, q:q + vec], fb[chain, q:q + vec]
+        return [sa, sb]
+
+    def order():  # a vector's elements in logical order
+        return range(vec - 1, -1, -1) if reverse and broken != "no_reverse" else range(vec)
+
+    def scan_in_place(tid, slot):
+        """The aggregators: each lane folds its run of nv vectors, a Kogge-Stone scan of the
+        lane totals per warp, the warps folded in order; the tile-local inclusive prefixes
+        written over the slot. Returns the tile total."""
+        sa, sb = slot
+        k = tid // nchains
+        valid = lambda v: k * tile + v * vec < L
+
+        def run_of(w, lane):
+            return [(w * lanes + lane) * nv + j for j in range(nv)]
+
+        tot_w, ex = [], {}
+        for w in range(G):
+            lt = []
+            for lane in range(lanes):
+                run = (1.0, 0.0)
+                for v in run_of(w, lane):
+                    if valid(v):
+                        for e in order():
+                            run = comb(run, (sa[swz(v), e], sb[swz(v), e]))
+                lt.append(run)
+            incl = list(lt)
+            o = 1
+            while o < lanes:  # every lane reads the value before this round
+                old = list(incl)
+                for lane in range(o, lanes):
+                    incl[lane] = comb(old[lane], old[lane - o]) if broken == "ks_swap" else comb(old[lane - o], old[lane])
+                o *= 2
+            for lane in range(lanes):
+                ex[w, lane] = (1.0, 0.0) if lane == 0 else incl[lane - 1]
+            tot_w.append(incl[-1])
+        tot = tot_w[0]
+        for q in range(1, G):
+            tot = comb(tot, tot_w[q])
+        for w in range(G):
+            pre = (1.0, 0.0)
+            for q in range(G):
+                if q < w or (broken == "prefix_incl" and q == w):
+                    pre = comb(pre, tot_w[q])
+            for lane in range(lanes):
+                run = comb(pre, ex[w, lane])
+                for v in run_of(w, lane):
+                    if valid(v):
+                        for e in order():
+                            run = comb(run, (sa[swz(v), e], sb[swz(v), e]))
+                            sa[swz(v), e], sb[swz(v), e] = run
+        return tot
+
+    def exclusive(tid):  # the window, then the fold; None: spin
+        chain, k = tid % nchains, tid // nchains
+        hp = (1.0, h0[chain, 0])
+        if k == 0:
+            return hp
+        fs, vs = [], []
+        for ftid in range(win):
+            c = k - ftid if broken == "window_off_by_one" else k - 1 - ftid
+            if c >= 0:
+                f, v = load(c * nchains + chain)
+            else:
+                f, v = INC, (hp if c == -1 else (1.0, 0.0))
+            fs.append(f), vs.append(v)
+        incs = [u for u in range(win) if fs[u] == INC]
+        emps = [u for u in range(win) if fs[u] == INVALID]
+        ni = (max(incs) if broken == "farthest_inc" else min(incs)) if incs else None
+        ne = min(emps) if emps and broken != "ignore_empty" else None
+        if ni is not None and (ne is None or ne > ni):
+            acc = vs[ni]
+            for u in range(ni - 1, -1, -1):
+                acc = comb(vs[u], acc) if broken == "swap_fold" else comb(acc, vs[u])
+            return acc
+        if ne is not None:
+            return None
+        # all aggregates: lookback_warp from scratch (walk back to an inclusive word, fold on)
+        stats["far"] += 1
+        c = k - 1
+        while c >= 0:
+            f, v = load(c * nchains + chain)
+            if f == INVALID:
+                return None
+            if f == INC:
+                break
+            c -= 1
+        acc = hp if c < 0 else load(c * nchains + chain)[1]
+        for j in range(max(c, -1) + 1, k):
+            f, v = load(j * nchains + chain)
+            acc = v if f == INC else comb(acc, v)
+        return acc
+
+    class Block:
+        def __init__(self):
+            self.slots = [None] * nslot
+            self.i_prod = self.i_agg = self.i_fin = 0
+            self.freed = set(range(nslot))
+            self.done_prod = False
+            self.tot = {}
+
+    counter = [0]
+    blocks = [Block() for _ in range(nblocks)]
+
+    def produce(bl):
+        s = bl.i_prod % nslot
+        if bl.done_prod or (s not in bl.freed and broken != "no_empty_wait"):
+            return False
+        if broken == "no_empty_wait" and bl.i_prod - bl.i_fin >= nslot + 1:
+            return False
+        bl.freed.discard(s)
+        tid = counter[0]
+        counter[0] += 1
+        bl.slots[s] = (tid, None if tid >= ntiles else land(tid))
+        bl.done_prod = tid >= ntiles
+        bl.i_prod += 1
+        return True
+
+    def aggregate(bl):
+        if bl.i_agg >= bl.i_prod:
+            return False
+        tid, slot = bl.slots[bl.i_agg % nslot]
+        if slot is not None:
+            t = scan_in_place(tid, slot)
+            bl.tot[bl.i_agg] = t
+            chain, k = tid % nchains, tid // nchains
+            if k == 0:
+                publish(tid, INC, t if broken == "first_no_h0" else comb((1.0, h0[chain, 0]), t))
+            else:
+                publish(tid, AGG, t)
+        bl.i_agg += 1
+        return True
+
+    def finish(bl):
+        if bl.i_fin >= bl.i_agg:
+            return False
+        s = bl.i_fin % nslot
+        tid, _ = bl.slots[s]
+        if tid >= ntiles:
+            bl.i_fin = None  # the end marker
+            return True
+        excl = exclusive(tid)
+        if excl is None:
+            stats["spins"] += 1
+            return False
+        sa, sb = bl.slots[s][1]  # what the slot holds now (a refill would have replaced it)
+        chain, k = tid % nchains, tid // nchains
+        if k > 0:
+            publish(tid, INC, comb(excl, bl.tot[bl.i_fin]))
+        for v in range(nvt):  # row order; the elements already at their physical places
+            p0 = k * tile + v * vec
+            if p0 >= L:
+                break
+            q0 = L - p0 - vec if reverse else p0
+            for e in range(vec):
+                y = comb(excl, (sa[swz(v), e], sb[swz(v), e]))
+                h[chain, q0 + e], ap[chain, q0 + e] = y[1], y[0]
+                written[chain, q0 + e] += 1
+        bl.freed.add(s)
+        bl.i_fin += 1
+        return True
+
+    roles = [produce, aggregate, finish]
+    idle = 0
+    while any(bl.i_fin is not None for bl in blocks):
+        clock[0] += 1
+        bl = blocks[int(rng.integers(0, nblocks))]
+        if bl.i_fin is None:
+            continue
+        moved = roles[int(rng.integers(0, 3))](bl)
+        idle = 0 if moved else idle + 1
+        assert idle < 20000, "no role can move: deadlock"
+    row_pipe_mirror.stats = stats
+    return h[:, :, None], ap[:, :, None], written[:, :, None]
+
+
+def check_row_pipe(broken, reverse, shape=(2, 1500, 1), lanes=4, nv=4, vec=2, nslot=3, nblocks=6, seed=0, lag=8,
+                   swz_bits=2):
+    rng = np.random.default_rng(seed)
+    _, b = inputs(rng, shape)
+    a = rng.uniform(0.97, 1.0, shape)  # a tile's product stays near 1: every carry matters
+    h0 = rng.standard_normal((shape[0], 1))
+    return strided_mirror_ok(lambda: row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng,
+                                                     lag=lag, swz_bits=swz_bits, broken=broken), a, b, h0, reverse)
+
+
+def test_row_pipe_mirror():
+    # 1500 steps in tiles of 128 (4 warps x 4 lanes x 4 vectors of 2): 12 chunks on each of 2
+    # rows, 6 blocks of 3 slots (up to 18 tiles in flight) against a 16-word window: looks-back
+    # spin on empty words and see stale aggregates; the swizzle XORs 2 bits inside each run of 4
+    for bad in ("swap_fold", "window_off_by_one", "farthest_inc", "ignore_empty", "ks_swap",
+                "first_no_h0", "prefix_incl", "no_reverse", "no_empty_wait", "swz_or"):
+        dirs = (True,) if bad == "no_reverse" else (False, True)
+        assert not any(check_row_pipe(bad, rev, seed=s) for rev in dirs for s in range(2)), \
+            f"broken variant {bad} not caught"
+    far = spins = 0
+    for reverse in (False, True):
+        runs = [dict(seed=seed) for seed in range(3)] + [
+            # one row of 61 tiles (a partial last one) on 8 blocks; 2 slots; 8 lanes, 1 vector of 4
+            dict(shape=(1, 3900, 1), lanes=8, nv=1, vec=4, nslot=2, nblocks=8, seed=4, swz_bits=0),
+            dict(shape=(5, 100, 1), lanes=2, nv=4, vec=4, nslot=4, nblocks=3, seed=5),
+            # an 8-word window against up to 24 tiles in flight, inclusive words seen late: the
+            # lookback_warp path
+            dict(shape=(1, 1200, 1), lanes=2, nv=2, vec=2, nslot=3, nblocks=8, seed=6, lag=200, swz_bits=1)]
+        for kw in runs:
+            assert check_row_pipe(None, reverse, **kw), kw
+            far += row_pipe_mirror.stats["far"]
+            spins += row_pipe_mirror.stats["spins"]
+    assert far > 0 and spins > 0, (far, spins)  # both paths exercised

@@ -26,7 +26,7 @@
 
 static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
                                "lookback_regs", "hillis_steele", "row_walk", "strided_walk",
-                               "strided_stage", "row_rounds", "row_stage", "strided_pipe"};
+                               "strided_stage", "row_rounds", "row_stage", "strided_pipe", "row_pipe"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double urand() {
@@ -153,6 +153,12 @@ static int mode_check(bool quick, bool tiny = false) {
   if (!quick) shapes.push_back({2, 600000, 1});
   // strided_pipe: 118 chunks of 64 steps on 33 (fp32) or 17 (bf16) chains, a partial last chunk
   if (!quick && g_only_algo == jss::kStridedPipe) shapes.push_back({1, 7501, 4224});
+  // row_pipe: 184 (fp32) / 92 (bf16) tiles on one row, more than the 128-word window and
+  // than the ring slots of the resident blocks; 70000 steps: a partial last tile
+  if (!quick && g_only_algo == jss::kRowPipe) {
+    shapes.push_back({1, 1500000, 1});
+    shapes.push_back({5, 70000, 1});
+  }
   if (quick) shapes = {{2, 5000, 1}, {1, 9001, 1}, {2, 300, 132}, {1, 200, 130}, {1, 777, 264}};
   if (tiny) shapes = {{2, 5000, 1}, {1, 300, 132}, {1, 333, 264}};
   if (tiny && g_only_algo == jss::kRowRounds) shapes.push_back({2, 600000, 1});
@@ -160,6 +166,11 @@ static int mode_check(bool quick, bool tiny = false) {
   // strided_pipe: more tiles than ring slots x resident blocks on one chain (a block's ring
   // wraps around several times, the look-back window moves back), a partial last chunk
   if (tiny && g_only_algo == jss::kStridedPipe) shapes.push_back({1, 30001, 264});
+  // row_pipe: 5 tiles a row, and 135 fp32 tiles on one row (past the window, rings wrap)
+  if (tiny && g_only_algo == jss::kRowPipe) {
+    shapes.push_back({2, 40000, 1});
+    shapes.push_back({1, 1100000, 1});
+  }
   // every named algorithm and the internal walk kernels (kRowWalk on a strided shape runs
   // the strided walk and vice versa, so each walk kernel is checked in both layouts' list)
   for (int algo = 0; algo < jss::kNumInternal; ++algo)
@@ -217,6 +228,9 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"strided L=65536 C=1024", 1, 65536, 1024, jss::kStridedPipe},
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedPipe},
       {"strided L=2^20 C=256", 1, 1 << 20, 256, jss::kStridedPipe},  // 2 chains of 16384 tiles
+      {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kRowPipe},
+      {"contiguous 100x2^18", 100, 1 << 18, 1, jss::kRowPipe},
+      {"contiguous 256x65536", 256, 65536, 1, jss::kRowPipe},
   };
   int fails = 0;
   for (auto& c : cases) {
@@ -269,6 +283,7 @@ static int mode_graph(int runs) {
       {"strided L=4096 C=4096", 1, 4096, 4096, jss::kStridedStage},
       {"strided L=4096 C=4096", 1, 4096, 4096, jss::kLookbackRegs},
       {"strided L=4096 C=4096", 1, 4096, 4096, jss::kStridedPipe},
+      {"contiguous 1x2^22", 1, 1 << 22, 1, jss::kRowPipe},
   };
   int fails = 0;
   cudaStream_t st;
@@ -319,11 +334,12 @@ static int mode_graph(int runs) {
 // from 0 (a < 0.9, so the neglected history weighs < 0.9^400).
 static int mode_big() {
   int fails = 0;
-  struct B { const char* what; int64_t o, L, i; };
+  struct B { const char* what; int64_t o, L, i; int algo = jss::kAuto; };
   // (one row of 2^31 + 2^20 + 4: a multiple of 4, so auto runs row_stage's 16-byte vectors)
   std::vector<B> cases = {{"contiguous 1 x (2^31+2^20+4)", 1, (1ll << 31) + (1 << 20) + 4, 1},
                           {"contiguous rows 2048 x (2^20+4)", 2048, (1 << 20) + 4, 1},
-                          {"strided (L=2^17+1, C=16388) axis 0", 1, (1 << 17) + 1, 16388}};
+                          {"strided (L=2^17+1, C=16388) axis 0", 1, (1 << 17) + 1, 16388},
+                          {"contiguous 1 x (2^31+2^20+4) row_pipe", 1, (1ll << 31) + (1 << 20) + 4, 1, jss::kRowPipe}};
   for (auto& c : cases) {
     const int64_t n = c.o * c.L * c.i;
     float *a, *b, *h0, *h;
@@ -332,7 +348,7 @@ static int mode_big() {
     fill_kernel<<<4096, 256>>>(a, b, n, 11);
     CK(cudaMemset(h, 0xff, n * 4));
     jss::ScanProblem p;
-    p.a = a; p.b = b; p.h0 = h0; p.h = h; p.outer = c.o; p.L = c.L; p.inner = c.i; p.algorithm = jss::kAuto;
+    p.a = a; p.b = b; p.h0 = h0; p.h = h; p.outer = c.o; p.L = c.L; p.inner = c.i; p.algorithm = c.algo;
     size_t sb = jss::scratch_bytes(jss::DType::F32, p);
     void* s; CK(cudaMalloc(&s, sb));
     CK(jss::launch_linear_scan(jss::DType::F32, p, s, 0));

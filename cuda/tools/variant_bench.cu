@@ -164,6 +164,16 @@ template <class T, int SPW, int NSLOT>
 void pipe(const ScanProblem& p, void* scratch) {
   CK((pipe_launch<T, SPW, NSLOT>(p, scratch, 0)));
 }
+// row_pipe at another geometry: NA aggregator warps, NV 16-byte vectors per aggregator lane,
+// NSLOT ring slots
+template <class T, int NV, int NSLOT, int NA, int NF>
+bool rpipe_fits() {  // fp32 only (the slot is scanned in place)
+  return std::is_same<T, float>::value && RowPipeCfg<T, NV, NSLOT, NA, NF>::smem() + 4096 * NF <= 227 * 1024;
+}
+template <class T, int NV, int NSLOT, int NA, int NF>
+void rpipe(const ScanProblem& p, void* scratch) {
+  CK((row_pipe_launch<T, NV, NSLOT, NA, NF>(p, scratch, 0)));
+}
 #ifdef JSS_PIPE_STATS
 // One more launch with the kernel's counters on: per finished tile, the finisher's cycles
 // waiting for the aggregators, in the look-back (+ publish + barrier), in the walk + stores;
@@ -237,7 +247,16 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
       vs.push_back({"stage_w4x4I_b3", [&] { row_stage<T, 4, 4 * I, 3>(p, scratch); }});
       vs.push_back({"stage_w4xI_b8", [&] { row_stage<T, 4, I, 8>(p, scratch); }});
     }
-  } else if (s.i == 1) {
+  }
+  if (s.i == 1 && s.L % (16 / sizeof(T)) == 0 && s.L >= 16384) {
+    // session 11 (docs/PERFORMANCE_CUDA.md section 11): row_pipe
+#define JSS_RPIPE(NV, NSLOT, NA, NF)                                                        \
+  if (rpipe_fits<T, NV, NSLOT, NA, NF>())                                                    \
+    vs.push_back({"rpipe_a" #NA "v" #NV "_n" #NSLOT "_f" #NF, [&] { rpipe<T, NV, NSLOT, NA, NF>(p, scratch); }});
+    JSS_RPIPE(8, 3, 8, 1) JSS_RPIPE(8, 3, 8, 2) JSS_RPIPE(16, 3, 4, 2) JSS_RPIPE(8, 6, 4, 2) JSS_RPIPE(8, 2, 8, 2)
+#undef JSS_RPIPE
+  }
+  if (s.i == 1 && s.o >= 512) {
     vs.push_back({"row_walk_s4", [&] { row_walk<T, 4>(p); }});
     vs.push_back({"row_walk_s6", [&] { row_walk<T, 6>(p); }});
     vs.push_back({"row_walk_s8", [&] { row_walk<T, 8>(p); }});
@@ -245,7 +264,7 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"tile_lb_256x16_minb3", [&] { tile_opt<T, 256, 64 / sizeof(T), CARRY_LB_WARP, 3, 0>(p, scratch); }});
     vs.push_back({"tile_lb_256x16_minb4", [&] { tile_opt<T, 256, 64 / sizeof(T), CARRY_LB_WARP, 4, 0>(p, scratch); }});
     vs.push_back({"tile_lb_512x16_minb2", [&] { tile_opt<T, 512, 64 / sizeof(T), CARRY_LB_WARP, 2, 0>(p, scratch); }});
-  } else {
+  } else if (s.i > 1) {
     vs.push_back({"stage_w8s8_b1", [&] { stage<T, 8, 8, 1>(p, scratch); }});
     vs.push_back({"stage_w8s4_b1", [&] { stage<T, 8, 4, 1>(p, scratch); }});
     vs.push_back({"stage_w8s12_b1", [&] { stage<T, 8, 12, 1>(p, scratch); }});
@@ -260,10 +279,12 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     JSS_PIPE(16, 3) JSS_PIPE(16, 2) JSS_PIPE(12, 4) JSS_PIPE(8, 6)
 #undef JSS_PIPE
   }
-  if (std::getenv("VB_PIPE_ONLY")) {  // only auto and the pipeline variants
+  if (std::getenv("VB_PIPE_ONLY")) {  // only auto, lookback_regs and the pipeline variants
     std::vector<std::pair<std::string, std::function<void()>>> keep;
     for (auto& v : vs)
-      if (v.first == "auto" || v.first.rfind("pipe_", 0) == 0) keep.push_back(v);
+      if (v.first == "auto" || v.first == "lookback_regs" || v.first.rfind("pipe_", 0) == 0 ||
+          v.first.rfind("rpipe_", 0) == 0)
+        keep.push_back(v);
     vs.swap(keep);
   }
   if (ncu) {  // one launch of each, for the profiler
@@ -294,6 +315,7 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
 #ifdef JSS_PIPE_STATS
     for (auto& v : vs)
       if (v.first.rfind("pipe_", 0) == 0) pipe_stats(v.first, v.second, StageCfg<T>::CW);
+      else if (v.first.rfind("rpipe_", 0) == 0) pipe_stats(v.first, v.second, 1);
 #endif
     fflush(stdout);
   }

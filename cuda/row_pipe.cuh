@@ -1,0 +1,408 @@
+// row_pipe: few long contiguous fp32 rows as a persistent, warp-specialised pipeline (the
+// roles, ring and mbarriers of strided_pipe.cuh, over contiguous tiles; docs/PERFORMANCE_CUDA.md
+// section 11). Included by scan_kernels.cuh after strided_pipe.cuh, whose mbarrier primitives
+// and role size it uses.
+//
+// Why: row_stage's block loads, scans, looks back and stores one after the other, so its
+// loads are in flight only in the first phase. Here a producer warp keeps a ring of NSLOT
+// tiles loading while other warps scan and finish earlier ones:
+//   producer   (1 warp)  claims tile ids (one atomic counter: ids in start order, so every
+//                        predecessor of a claimed tile is claimed by a running block) and
+//                        lands each tile in a free slot with cp.async (`full` mbarrier);
+//   aggregator (4 warps) as soon as the slot is full: the tile scanned in place (every
+//                        element's (a, b) replaced by its tile-local inclusive prefix) and
+//                        the tile's total published (a row's first tile: its inclusive
+//                        prefix); never waits for a look-back;
+//   finisher   (4 warps) the tiles in claim order: a look-back window of 128 status words
+//                        (one per thread), the left fold from the nearest inclusive word,
+//                        the tile's inclusive prefix published, then h = carry o prefix
+//                        stored for every element; frees the slot.
+// The finisher, whose latency per tile sets the rate (section 11: the first version, with
+// the scan in the finisher, ran slower than row_stage), does one combine per element.
+// No deadlock, as for strided_pipe: an aggregate never waits, and the lowest tile without an
+// inclusive prefix has every predecessor inclusive.
+//
+// Tile: TILE = 4 warps x 32 lanes x NV 16-byte vectors of one row. Aggregator lane l of warp w
+// scans the run of vectors (w * 32 + l) * NV + [0, NV) (row order); the producer and the
+// finishers walk the tile in row order, 512 contiguous bytes per warp access; rp_swz places
+// the vectors in the slot so that both orders are free of bank conflicts. Logical position p
+// is physical p (forward) or L - 1 - p (reverse: each vector's elements read back to front,
+// and written back in place in the same order). In place needs float elements: fp32 only.
+//
+// Status: one 16-byte word {flag, 0, a, b} per tile (Status<float>), read and written in one
+// access. The fold from the nearest inclusive word through k-1 is the canonical left fold
+// of scan_kernels.cuh's header (one thread, in order): the same bits whatever the timing.
+//
+// Synchronisation inside the block (arrive = release, wait = acquire, CTA scope):
+//   full[s]    33 arrivals: the producer's lanes by cp.async.mbarrier.arrive.noinc + lane 0
+//              after writing s_ids[s];
+//   scanned[s] 1 arrival: aggregator thread 0, after the role's named barrier that follows
+//              every aggregator's in-place writes (and s_tot[s]); waited for by the finishers
+//              and (before a refill) by the producer;
+//   empty[s]   128 arrivals: every finisher thread after its last read of slot s.
+// The u-th use of slot s waits for parity u & 1 of full / scanned, the refill for parity
+// (u - 1) & 1 of empty. The finishers' exclusive prefix in shared memory is double buffered
+// by tile parity (a thread reaches tile i+2 only after all have passed tile i+1's first
+// barrier, so after they read tile i's); the window masks by round parity.
+#pragma once
+
+namespace jss {
+
+template <class T, int NV, int NSLOT, int NA = PIPE_GROUP, int NF = 1>
+struct RowPipeCfg {
+  static constexpr int VEC = 16 / sizeof(T);
+  static constexpr int TILE = NA * 32 * NV * VEC;  // elements of a row per tile
+  static constexpr int NVT = TILE / VEC;           // 16-byte vectors of a (and of b)
+  static constexpr int FIN = NA;                   // the finishers' first warp (NF groups of 4)
+  static constexpr int PRODUCER = NA + NF * PIPE_GROUP;
+  static constexpr int THREADS = (PRODUCER + 1) * 32;
+  static constexpr int WIN = PIPE_GROUP * 32;  // look-back window: a word per finisher thread
+  static constexpr size_t smem() { return size_t(NSLOT) * 2 * NVT * 16; }
+  static_assert(NSLOT >= 2, "a slot must be loading while another is finished");
+  static_assert(NV % 8 == 0, "the swizzle permutes aligned groups of 8 vectors inside a lane's run");
+};
+
+// Where vector v of a tile (row order) lives in its slot. Aggregator lane l reads its NV
+// vectors v = l * NV + j in step j; without the swizzle the 8 lanes of a 16-byte access phase
+// would hit the same 16-byte bank group (8-way conflicts). XOR-ing the low 3 bits with
+// (v / NV) & 7 spreads them, keeps each lane's run inside itself, and leaves 8 consecutive
+// vectors (the producer's and the finishers' row-order accesses) a permutation of one group.
+template <int NV>
+__device__ __forceinline__ int rp_swz(int v) {
+  return v ^ ((v / NV) & 7);
+}
+
+// Named barrier of n threads (ids 1, 2; 0 is __syncthreads).
+__device__ __forceinline__ void role_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+// NA aggregator warps; the direction is a template parameter (REV) because the in-place scan
+// indexes each vector's elements by it: a run-time flag cost selects on every element.
+template <class T, int NV, int NSLOT, int NA, int NF, bool REV>
+__global__ void __launch_bounds__(RowPipeCfg<T, NV, NSLOT, NA, NF>::THREADS, 1) row_pipe_kernel(Dev d) {
+  using C = RowPipeCfg<T, NV, NSLOT, NA, NF>;
+  using P = Pair<float>;
+  static_assert(std::is_same<T, float>::value, "the slot is rewritten in place with float prefixes");
+  constexpr int VEC = C::VEC, NVT = C::NVT, GT = PIPE_GROUP * 32, WIN = C::WIN;
+  extern __shared__ float4 smem_rp[];  // [NSLOT][a, b][NVT]
+  __shared__ P s_tot[NSLOT];          // tile totals (aggregators -> finishers)
+  __shared__ P s_aw[NA];              // aggregator warp totals
+  __shared__ P s_excl[NF][2];         // per finisher group: the exclusive prefix, by tile parity
+  __shared__ P s_win[NF][WIN];        // the look-back window's pairs
+  __shared__ uint32_t s_msk[NF][2][2][PIPE_GROUP];  // [round parity][inclusive, empty][warp]
+  __shared__ uint64_t bars[3 * NSLOT];
+  __shared__ unsigned s_ids[NSLOT];
+  uint64_t* full = bars;
+  uint64_t* scanned = bars + NSLOT;
+  uint64_t* empty = bars + 2 * NSLOT;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t L = d.L, nchains = d.nchains;
+  const unsigned ntiles = (unsigned)(d.nchains * d.nchunks);
+  const Status<float> st(d.status, d.nstatus);  // word of tile id: id
+
+  if (tid == 0) {
+    for (int s = 0; s < NSLOT; ++s) {
+      mbar_init(full + s, 33);
+      mbar_init(scanned + s, 1);
+      mbar_init(empty + s, GT);
+    }
+  }
+  __syncthreads();
+  auto slot_a = [&](int s) { return smem_rp + (size_t)s * 2 * NVT; };
+  auto slot_b = [&](int s) { return smem_rp + (size_t)s * 2 * NVT + NVT; };
+
+  if (warp == C::PRODUCER) {  // ---- producer
+    const float* A = static_cast<const float*>(d.a);
+    const float* B = static_cast<const float*>(d.b);
+    int ends = 0;  // end markers issued: one per finisher group (each waits in its own slots)
+    for (int i = 0;; ++i) {
+      const int s = i % NSLOT;
+      JSS_PIPE_CLOCK(t0);
+      if (i >= NSLOT) {
+        mbar_wait(empty + s, ((i / NSLOT) - 1) & 1);
+        mbar_wait(scanned + s, ((i / NSLOT) - 1) & 1);  // returns at once; for racecheck
+      }
+      if (lane == 0) JSS_PIPE_STAT(7, clock64() - t0);
+      unsigned id = ntiles;
+      if (lane == 0 && ends == 0) id = atomicAdd(d.counter, 1u);
+      id = __shfl_sync(0xffffffffu, id, 0);
+      if (lane == 0) s_ids[s] = id;  // >= ntiles: the end marker
+      if (id < ntiles) {
+        const int64_t chain = id % nchains, k = id / nchains;
+        const float* ra = A + chain * L;
+        const float* rb = B + chain * L;
+        float4* da = slot_a(s);
+        float4* db = slot_b(s);
+#pragma unroll 8
+        for (int v = lane; v < NVT; v += 32) {
+          const int64_t p0 = k * C::TILE + (int64_t)v * VEC;
+          if (p0 < L) {
+            const int64_t q = REV ? L - p0 - VEC : p0;
+            cp_async<16>(da + rp_swz<NV>(v), ra + q);
+            cp_async<16>(db + rp_swz<NV>(v), rb + q);
+          }
+        }
+      }
+      mbar_arrive_cp_async(full + s);
+      if (lane == 0) mbar_arrive(full + s);
+      if (id >= ntiles && ++ends == NF) break;
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    return;
+  }
+
+  if (warp < NA) {  // ---- aggregators: the tile scanned in place
+    const int w = warp;
+    const int v0 = (w * 32 + lane) * NV;  // the lane's run of NV vectors (row order)
+    int ends = 0;
+    for (int i = 0;; ++i) {
+      const int s = i % NSLOT;
+      JSS_PIPE_CLOCK(t0);
+      mbar_wait(full + s, (i / NSLOT) & 1);
+      JSS_PIPE_CLOCK(t1);
+      if (tid == 0) JSS_PIPE_STAT(9, t1 - t0);
+      const unsigned cur = s_ids[s];
+      if (cur >= ntiles) {  // an end marker: pass it on to the finishers
+        if (tid == 0) mbar_arrive(scanned + s);
+        if (++ends == NF) break;
+        continue;
+      }
+      const int64_t chain = cur % nchains, k = cur / nchains, tbase = k * C::TILE;
+      float4* sa = slot_a(s);
+      float4* sb = slot_b(s);
+      // pass 1: the lane's fold of its run, in logical order (the identity past the row)
+      P run = identity<float>();
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        if (tbase + (int64_t)(v0 + j) * VEC < L) {
+          const float4 va = sa[rp_swz<NV>(v0 + j)], vb = sb[rp_swz<NV>(v0 + j)];
+          const float xa[4] = {va.x, va.y, va.z, va.w}, xb[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const int src = REV ? VEC - 1 - e : e;
+            run = combine(run, P{xa[src], xb[src]});
+          }
+        }
+      }
+      // the lanes' totals scanned over the warp (Kogge-Stone: lane >= o takes lane - o's
+      // value as the EARLIER operand), the warps' totals folded in warp order
+      P incl = run;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const P u = shfl_up(incl, o);
+        if (lane >= o) incl = combine(u, incl);
+      }
+      P ex = shfl_up(incl, 1);
+      if (lane == 0) ex = identity<float>();
+      if (lane == 31) s_aw[w] = incl;
+      // the finishers' reads of this slot's last use (and of s_tot[s]) came before the
+      // producer's refill, so this returns at once; it states the order for racecheck
+      if (i >= NSLOT) mbar_wait(empty + s, ((i / NSLOT) - 1) & 1);
+      role_sync(1, NA * 32);
+      P pre = identity<float>();
+#pragma unroll
+      for (int q = 0; q < NA; ++q)
+        if (q < w) pre = combine(pre, s_aw[q]);
+      if (tid == 0) {
+        P tot = s_aw[0];
+#pragma unroll
+        for (int q = 1; q < NA; ++q) tot = combine(tot, s_aw[q]);
+        s_tot[s] = tot;
+        if (k == 0) st.publish(cur, ST_INC, combine(h0_pair<float>(d, chain), tot));
+        else st.publish(cur, ST_AGG, tot);
+      }
+      // pass 2: the tile-local inclusive prefix of every element written over its (a, b)
+      run = combine(pre, ex);
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        if (tbase + (int64_t)(v0 + j) * VEC < L) {
+          const int sv = rp_swz<NV>(v0 + j);
+          const float4 va = sa[sv], vb = sb[sv];
+          float xa[4] = {va.x, va.y, va.z, va.w}, xb[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const int src = REV ? VEC - 1 - e : e;
+            run = combine(run, P{xa[src], xb[src]});
+            xa[src] = run.a;
+            xb[src] = run.b;
+          }
+          sa[sv] = make_float4(xa[0], xa[1], xa[2], xa[3]);
+          sb[sv] = make_float4(xb[0], xb[1], xb[2], xb[3]);
+        }
+      }
+      role_sync(1, NA * 32);  // s_aw read and the slot rewritten by every aggregator thread
+      if (tid == 0) mbar_arrive(scanned + s);
+      if (tid == 0) JSS_PIPE_STAT(10, clock64() - t1);
+    }
+    return;
+  }
+
+  // ---- finishers: look back, publish, apply the carry to the scanned slot, store
+  // NF groups of 4 warps take the block's tiles in turn (group g: its tiles g, g + NF, ...)
+  const int g = (warp - C::FIN) / PIPE_GROUP, ftid = tid - (C::FIN + g * PIPE_GROUP) * 32, fw = ftid >> 5;
+  const int bar = 2 + g;  // the group's named barrier
+  P* x_excl = s_excl[g];
+  P* x_win = s_win[g];
+  float* H = static_cast<float*>(d.h);
+  float* AP = static_cast<float*>(d.aprod);
+  for (int j = 0;; ++j) {
+    const int i = g + j * NF, s = i % NSLOT, par = j & 1;
+    JSS_PIPE_CLOCK(t0);
+    mbar_wait(scanned + s, (i / NSLOT) & 1);
+    role_sync(bar, GT);  // not needed by the protocol; lets racecheck see the order (section 10.2)
+    JSS_PIPE_CLOCK(t1);
+    if (ftid == 0) JSS_PIPE_STAT(3, t1 - t0);
+    const unsigned cur = s_ids[s];
+    if (cur >= ntiles) break;
+    const int64_t chain = cur % nchains, k = cur / nchains;
+    auto rec = [&](int64_t c) { return (size_t)(c * nchains + chain); };
+    // 1. the window: thread ftid reads the word of chunk k - 1 - ftid (chunk -1 is the
+    //    virtual inclusive prefix (1, h0); chunks before it are never the nearest)
+    const int64_t c = k - 1 - ftid;
+    P wv = identity<float>();
+    uint32_t wf = ST_INC;
+    if (k > 0) {
+      if (c >= 0) wf = st.load(rec(c), wv);
+      else if (c == -1) wv = h0_pair<float>(d, chain);
+    }
+    // 2. the exclusive prefix: the nearest inclusive word, with no empty word nearer
+    if (k == 0) {
+      if (ftid == 0) x_excl[par] = h0_pair<float>(d, chain);
+    } else {
+      int near = -1;
+      bool far = false;  // all WIN words aggregates: past the window
+      for (int r = 0;; r ^= 1) {
+        const unsigned inc = __ballot_sync(0xffffffffu, wf == ST_INC);
+        const unsigned emp = __ballot_sync(0xffffffffu, wf == ST_INVALID);
+        if (lane == 0) {
+          s_msk[g][r][0][fw] = inc;
+          s_msk[g][r][1][fw] = emp;
+        }
+        x_win[ftid] = wv;
+        role_sync(bar, GT);
+        int ni = -1, ne = -1;
+#pragma unroll
+        for (int q = PIPE_GROUP - 1; q >= 0; --q) {  // nearest = lowest index
+          const unsigned mi = s_msk[g][r][0][q], me = s_msk[g][r][1][q];
+          if (mi) ni = q * 32 + __ffs(mi) - 1;
+          if (me) ne = q * 32 + __ffs(me) - 1;
+        }
+        if (ni >= 0 && (ne < 0 || ne > ni)) {
+          near = ni;
+          break;
+        }
+        if (ne < 0) {  // no empty word and no inclusive one
+          far = true;
+          break;
+        }
+        // an empty word nearer than any inclusive one: read the window again
+        if (ftid == 0) JSS_PIPE_STAT(12, 1);
+        if (c >= 0) wf = st.load(rec(c), wv);
+      }
+      if (far) {
+        if (fw == 0) {
+          if (lane == 0) JSS_PIPE_STAT(2, 1);
+          const P e = lookback_warp<float>(st, k, rec, h0_pair<float>(d, chain));
+          if (lane == 0) {
+            x_excl[par] = e;
+            st.publish(cur, ST_INC, combine(e, s_tot[s]));
+          }
+        }
+      } else if (ftid == 0) {
+        // the left fold from the nearest inclusive word, eight loads ahead of the combines
+        JSS_PIPE_STAT(13, near);  // the variant bench prints its mean as "past the first words"
+        P acc = x_win[near];
+        int u = near - 1;
+        for (; u >= 7; u -= 8) {
+          P t[8];
+#pragma unroll
+          for (int q = 0; q < 8; ++q) t[q] = x_win[u - q];
+#pragma unroll
+          for (int q = 0; q < 8; ++q) acc = combine(acc, t[q]);
+        }
+        for (; u >= 0; --u) acc = combine(acc, x_win[u]);
+        x_excl[par] = acc;
+        st.publish(cur, ST_INC, combine(acc, s_tot[s]));
+      }
+    }
+    role_sync(bar, GT);
+    JSS_PIPE_CLOCK(t2);
+    if (ftid == 0) JSS_PIPE_STAT(4, t2 - t1);
+    // 3. apply: h = combine(excl, tile-local prefix), the slot read in row order (each
+    //    element already at its physical place in the vector), 512 contiguous bytes per warp
+    const P ex = x_excl[par];
+    const int64_t tbase = k * C::TILE, row0 = chain * L;
+    const float4* sa = slot_a(s);
+    const float4* sb = slot_b(s);
+#pragma unroll 4
+    for (int v = ftid; v < NVT; v += GT) {
+      const int64_t p0 = tbase + (int64_t)v * VEC;
+      if (p0 >= L) break;  // v grows: every later vector is past the row too
+      const float4 la = sa[rp_swz<NV>(v)], lb = sb[rp_swz<NV>(v)];
+      const P y0 = combine(ex, P{la.x, lb.x}), y1 = combine(ex, P{la.y, lb.y});
+      const P y2 = combine(ex, P{la.z, lb.z}), y3 = combine(ex, P{la.w, lb.w});
+      const int64_t q = row0 + (REV ? L - p0 - VEC : p0);
+      *reinterpret_cast<float4*>(H + q) = make_float4(y0.b, y1.b, y2.b, y3.b);
+      if (AP) *reinterpret_cast<float4*>(AP + q) = make_float4(y0.a, y1.a, y2.a, y3.a);
+    }
+    mbar_arrive(empty + s);
+    if (ftid == 0) {
+      JSS_PIPE_STAT(6, clock64() - t2);
+      JSS_PIPE_STAT(0, 1);
+    }
+  }
+}
+
+// Host side. Scratch: the tile counter, then one 16-byte status word per tile (reset before
+// every launch). A persistent grid: the blocks that fit at once, never more than tiles.
+template <int TILE>
+struct RowPipeGeom {
+  int64_t nchains, nchunks, ntiles;
+  explicit RowPipeGeom(const ScanProblem& p) {
+    nchains = p.outer;
+    nchunks = (p.L + TILE - 1) / TILE;
+    ntiles = nchains * nchunks;
+  }
+  size_t total() const { return 256 + Status<float>::bytes((size_t)ntiles); }
+};
+
+template <class T, int NV, int NSLOT, int NA, int NF>
+cudaError_t row_pipe_fits_device(bool& fits) {
+  static std::atomic<int> cache[64];
+  // the static shared memory (windows, masks, barriers: < 4 KB) counted with a margin
+  return smem_fits_device(RowPipeCfg<T, NV, NSLOT, NA, NF>::smem() + 4096 * NF, cache, fits);
+}
+
+template <class T, int NV, int NSLOT, int NA, int NF>
+cudaError_t row_pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
+  if constexpr (!std::is_same<T, float>::value) {
+    return cudaErrorInvalidValue;  // make_plan never asks for it
+  } else {
+    using C = RowPipeCfg<T, NV, NSLOT, NA, NF>;
+    const RowPipeGeom<C::TILE> g(p);
+    if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
+    auto kernel = p.reverse ? row_pipe_kernel<T, NV, NSLOT, NA, NF, true> : row_pipe_kernel<T, NV, NSLOT, NA, NF, false>;
+    static std::atomic<int> resident[2][64];  // per direction's kernel (the same resources)
+    int res = 0;
+    cudaError_t err = resident_blocks(kernel, C::THREADS, C::smem(), resident[p.reverse ? 1 : 0], res);
+    if (err != cudaSuccess) return err;
+    Dev d = dev_params(p);
+    d.nchains = g.nchains;
+    d.nchunks = g.nchunks;
+    d.nct = 1;
+    d.vec = true;
+    char* base = static_cast<char*>(scratch);
+    d.counter = reinterpret_cast<unsigned*>(base);
+    d.status = base + 256;
+    d.nstatus = (size_t)g.ntiles;
+    err = cudaMemsetAsync(base, 0, 256 + Status<float>::reset_bytes((size_t)g.ntiles), stream);
+    if (err != cudaSuccess) return err;
+    const int64_t grid = g.ntiles < res ? g.ntiles : res;
+    kernel<<<(unsigned)grid, C::THREADS, C::smem(), stream>>>(d);
+    return cudaGetLastError();
+  }
+}
+
+}  // namespace jss
