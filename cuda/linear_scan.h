@@ -27,7 +27,7 @@ enum Algorithm : int {
   kRowRounds = 10,    // contiguous, few long rows: co-resident blocks fold each round's tiles
   kRowStage = 11,     // contiguous, few long rows: lookback_regs' tile staged in shared memory
   kStridedPipe = 12,  // strided: strided_stage's tile in a persistent warp-specialised pipeline
-  kRowPipe = 13,      // contiguous, few long rows: row_stage's tile in the same kind of pipeline
+  kRowPipe = 13,      // contiguous, few long fp32 rows: tiles scanned in place in that kind of pipeline
   kNumInternal = 14,
 };
 
