@@ -989,6 +989,43 @@ def test_rounds_mirror():
 # The simulation interleaves the roles of all blocks at random; a word's publication becomes
 # visible to other loads only after a random delay, so looks-back see empty words (spins),
 # aggregates where inclusive prefixes are already published, and reach back several windows.
+class PipeBlock:
+    """One persistent block of the pipeline mirrors: its ring of slots ((id, data) landed by
+    the producer), the three roles' positions, the slots the producer may refill."""
+
+    def __init__(self, nslot):
+        self.nslot, self.slots = nslot, [None] * nslot
+        self.i_prod = self.i_agg = self.i_fin = 0
+        self.freed = set(range(nslot))
+        self.done_prod = False
+
+    def claim(self, counter, broken):
+        """The producer's next (slot, tile id) from the shared counter (a one-element list), or
+        None while that slot is not free (broken "no_empty_wait": refill up to a use early)."""
+        s = self.i_prod % self.nslot
+        if self.done_prod or (s not in self.freed and broken != "no_empty_wait"):
+            return None
+        if broken == "no_empty_wait" and self.i_prod - self.i_fin >= self.nslot + 1:
+            return None
+        self.freed.discard(s)
+        counter[0] += 1
+        return s, counter[0] - 1
+
+
+def run_roles(blocks, roles, clock, rng):
+    """The pipelines' scheduler: one step of a random role of a random block per clock tick,
+    until every block's finisher has met its end marker (bl.i_fin is None)."""
+    idle = 0
+    while any(bl.i_fin is not None for bl in blocks):
+        clock[0] += 1
+        bl = blocks[int(rng.integers(0, len(blocks)))]
+        if bl.i_fin is None:
+            continue
+        moved = roles[int(rng.integers(0, len(roles)))](bl)
+        idle = 0 if moved else idle + 1
+        assert idle < 20000, "no role can move: deadlock"
+
+
 def pipe_mirror(a, b, h0, reverse, vw, spw, nslot, nblocks, rng, W=2, FIRST=1, broken=None):
     outer, L, inner = a.shape
     cw, lc = 32 * vw, 4 * spw
@@ -1077,27 +1114,16 @@ def pipe_mirror(a, b, h0, reverse, vw, spw, nslot, nblocks, rng, W=2, FIRST=1, b
             t = comb(t, sub[q])
         return t
 
-    class Block:
-        def __init__(self):
-            self.slots = [None] * nslot  # (id, data) landed by the producer
-            self.i_prod = self.i_agg = self.i_fin = 0
-            self.freed = set(range(nslot))  # slots the producer may fill
-            self.done_prod = False
-            self.wide = {}
-            self.sagg = {}
-
     counter = [0]
-    blocks = [Block() for _ in range(nblocks)]
+    blocks = [PipeBlock(nslot) for _ in range(nblocks)]
+    for bl in blocks:
+        bl.wide, bl.sagg = {}, {}
 
     def produce(bl):
-        s = bl.i_prod % nslot
-        if bl.done_prod or (s not in bl.freed and broken != "no_empty_wait"):
+        got = bl.claim(counter, broken)
+        if got is None:
             return False
-        if broken == "no_empty_wait" and bl.i_prod - bl.i_fin >= nslot + 1:
-            return False
-        bl.freed.discard(s)
-        tid = counter[0]
-        counter[0] += 1
+        s, tid = got
         if tid >= ntiles:
             bl.slots[s] = (tid, None)
             bl.done_prod = True
@@ -1179,16 +1205,7 @@ def pipe_mirror(a, b, h0, reverse, vw, spw, nslot, nblocks, rng, W=2, FIRST=1, b
         bl.i_fin += 1
         return True
 
-    roles = [produce, aggregate, finish]
-    idle = 0
-    while any(bl.i_fin is not None for bl in blocks):
-        clock[0] += 1
-        bl = blocks[int(rng.integers(0, nblocks))]
-        if bl.i_fin is None:
-            continue
-        moved = roles[int(rng.integers(0, 3))](bl)
-        idle = 0 if moved else idle + 1
-        assert idle < 20000, "no role can move: deadlock"
+    run_roles(blocks, (produce, aggregate, finish), clock, rng)
     pipe_mirror.stats = stats
     return h.reshape(a.shape), ap.reshape(a.shape), written.reshape(a.shape)
 
@@ -1351,26 +1368,16 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
             acc = v if f == INC else comb(acc, v)
         return acc
 
-    class Block:
-        def __init__(self):
-            self.slots = [None] * nslot
-            self.i_prod = self.i_agg = self.i_fin = 0
-            self.freed = set(range(nslot))
-            self.done_prod = False
-            self.tot = {}
-
     counter = [0]
-    blocks = [Block() for _ in range(nblocks)]
+    blocks = [PipeBlock(nslot) for _ in range(nblocks)]
+    for bl in blocks:
+        bl.tot = {}
 
     def produce(bl):
-        s = bl.i_prod % nslot
-        if bl.done_prod or (s not in bl.freed and broken != "no_empty_wait"):
+        got = bl.claim(counter, broken)
+        if got is None:
             return False
-        if broken == "no_empty_wait" and bl.i_prod - bl.i_fin >= nslot + 1:
-            return False
-        bl.freed.discard(s)
-        tid = counter[0]
-        counter[0] += 1
+        s, tid = got
         bl.slots[s] = (tid, None if tid >= ntiles else land(tid))
         bl.done_prod = tid >= ntiles
         bl.i_prod += 1
@@ -1420,16 +1427,7 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
         bl.i_fin += 1
         return True
 
-    roles = [produce, aggregate, finish]
-    idle = 0
-    while any(bl.i_fin is not None for bl in blocks):
-        clock[0] += 1
-        bl = blocks[int(rng.integers(0, nblocks))]
-        if bl.i_fin is None:
-            continue
-        moved = roles[int(rng.integers(0, 3))](bl)
-        idle = 0 if moved else idle + 1
-        assert idle < 20000, "no role can move: deadlock"
+    run_roles(blocks, (produce, aggregate, finish), clock, rng)
     row_pipe_mirror.stats = stats
     return h[:, :, None], ap[:, :, None], written[:, :, None]
 
