@@ -9,20 +9,22 @@
 //   producer   (1 warp)  claims tile ids (one atomic counter: ids in start order, so every
 //                        predecessor of a claimed tile is claimed by a running block) and
 //                        lands each tile in a free slot with cp.async (`full` mbarrier);
-//   aggregator (4 warps) as soon as the slot is full: the tile scanned in place (every
+//   aggregator (NA warps) as soon as the slot is full: the tile scanned in place (every
 //                        element's (a, b) replaced by its tile-local inclusive prefix) and
 //                        the tile's total published (a row's first tile: its inclusive
 //                        prefix); never waits for a look-back;
 //   finisher   (4 warps) the tiles in claim order: a look-back window of 128 status words
 //                        (one per thread), the left fold from the nearest inclusive word,
 //                        the tile's inclusive prefix published, then h = carry o prefix
-//                        stored for every element; frees the slot.
+//                        stored for every element; frees the slot. (NF > 1 groups of
+//                        finishers take alternate tiles: measured slower, section 11.1; the
+//                        package runs NF = 1.)
 // The finisher, whose latency per tile sets the rate (section 11: the first version, with
 // the scan in the finisher, ran slower than row_stage), does one combine per element.
 // No deadlock, as for strided_pipe: an aggregate never waits, and the lowest tile without an
 // inclusive prefix has every predecessor inclusive.
 //
-// Tile: TILE = 4 warps x 32 lanes x NV 16-byte vectors of one row. Aggregator lane l of warp w
+// Tile: TILE = NA warps x 32 lanes x NV 16-byte vectors of one row. Aggregator lane l of warp w
 // scans the run of vectors (w * 32 + l) * NV + [0, NV) (row order); the producer and the
 // finishers walk the tile in row order, 512 contiguous bytes per warp access; rp_swz places
 // the vectors in the slot so that both orders are free of bank conflicts. Logical position p
