@@ -2298,8 +2298,8 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     if (fits) return row_pipe_launch<T, TU::NV, TU::NSLOT, TU::NA, TU::NF>(p, scratch, stream);
     // A GPU whose blocks cannot have the ring's 192 KB (an A100: 163 KB): row_stage (64 KB),
-    // whose tile of 8192 fp32 / 16384 16-bit elements and one status word per tile are
-    // row_pipe's, so the scratch planned here holds its status words. Not run on such a GPU.
+    // whose fp32 tile of 8192 elements and one status word per tile are row_pipe's, so the
+    // scratch planned here holds its status words. Not run on such a GPU.
     ScanProblem q = p;
     q.algorithm = kRowStage;
     return launch_t<T>(q, scratch, stream);
