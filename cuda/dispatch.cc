@@ -32,9 +32,11 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    vs auto before): 1 x 2^26 79% vs 60%, 4 x 2^24 81% vs 58%, 64 x 2^20 83% vs 69%, 512 x
   //    131072 82% vs 68% (row_walk: 512 warps cannot keep enough loads in flight), 256 x 65536
   //    64% vs 64%; row_walk stays ahead from 1024 rows (1024 x 65536 91% vs 82%, 4096 x 16384
-  //    88% vs 82%). 16-bit types keep row_stage: row_pipe scans its fp32 slot in place.
-  //    make_plan falls back to lookback_regs without 16-byte vectors.
-  if (p.inner == 1 && elem_bytes == 4 && p.outer < 1024 && p.L >= 65536 && p.outer * p.L >= (int64_t(1) << 22))
+  //    88% vs 82%). make_plan falls back to lookback_regs without 16-byte vectors.
+  //  * 16-bit types, the same rows (section 12): row_pipe re-walking its 16-bit slot (measured
+  //    in section 12.1). 8-byte types keep row_stage.
+  if (p.inner == 1 && (elem_bytes == 4 || elem_bytes == 2) && p.outer < 1024 && p.L >= 65536 &&
+      p.outer * p.L >= (int64_t(1) << 22))
     return kRowPipe;
   if (p.inner == 1) {
     if (p.outer >= 512) return kRowWalk;

@@ -2033,12 +2033,12 @@ cudaError_t stage_launch(const ScanProblem& p, void* scratch, cudaStream_t strea
 namespace jss {
 
 // row_pipe's geometry: 16-byte vectors per aggregator lane, ring slots, aggregator warps
-// (8192-element tiles, 64 KB per slot; docs/PERFORMANCE_CUDA.md section 11; the variant bench
-// times others)
+// (64 KB per slot: 8192 fp32 / 16384 16-bit elements a tile; docs/PERFORMANCE_CUDA.md
+// sections 11, 12; the variant bench times others)
 template <class T>
 struct RowPipeTune {
-  static constexpr int NV = 8, NSLOT = 3, NA = 8, NF = 1;
-  static constexpr int TILE = RowPipeCfg<T, NV, NSLOT, NA, NF>::TILE;
+  static constexpr int NV = 8, NSLOT = 3, NA = 8;
+  static constexpr int TILE = RowPipeCfg<T, NV, NSLOT, NA>::TILE;
 };
 
 // strided_pipe's geometry: steps per warp (LC = 4 x SPW) and ring slots, at most 227 KB of
@@ -2193,8 +2193,9 @@ Plan make_plan(const ScanProblem& p) {
     pl.total_bytes = rounds_scratch<T, TU::THREADS, TU::ITEMS>(p);
     return pl;
   }
-  // row_pipe: fp32 rows with 16-byte vectors (it scans its slot in place); else row_stage's rule
-  if (pl.algo == kRowPipe && !std::is_same<T, float>::value) pl.algo = kRowStage;
+  // row_pipe: fp32 (scanned in place) or 16-bit (re-walked) rows with 16-byte vectors; else
+  // row_stage's rule
+  if (pl.algo == kRowPipe && !(std::is_same<T, float>::value || sizeof(T) == 2)) pl.algo = kRowStage;
   if (pl.algo == kRowStage && !row_stage_legal<T>(p)) pl.algo = kLookbackRegs;
   if (pl.algo == kRowPipe && !row_stage_legal<T>(p)) pl.algo = kLookbackRegs;
   if (pl.algo == kRowPipe) {
@@ -2291,18 +2292,21 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     q.algorithm = kLookbackRegs;
     return launch_t<T>(q, scratch, stream);
   }
-  if (pl.algo == kRowPipe) {
-    using TU = RowPipeTune<T>;
-    bool fits = false;
-    const cudaError_t err = row_pipe_fits_device<T, TU::NV, TU::NSLOT, TU::NA, TU::NF>(fits);
-    if (err != cudaSuccess) return err;
-    if (fits) return row_pipe_launch<T, TU::NV, TU::NSLOT, TU::NA, TU::NF>(p, scratch, stream);
-    // A GPU whose blocks cannot have the ring's 192 KB (an A100: 163 KB): row_stage (64 KB),
-    // whose fp32 tile of 8192 elements and one status word per tile are row_pipe's, so the
-    // scratch planned here holds its status words. Not run on such a GPU.
-    ScanProblem q = p;
-    q.algorithm = kRowStage;
-    return launch_t<T>(q, scratch, stream);
+  if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
+    if (pl.algo == kRowPipe) {
+      using TU = RowPipeTune<T>;
+      bool fits = false;
+      const cudaError_t err = row_pipe_fits_device<T, TU::NV, TU::NSLOT, TU::NA>(fits);
+      if (err != cudaSuccess) return err;
+      if (fits) return row_pipe_launch<T, TU::NV, TU::NSLOT, TU::NA>(p, scratch, stream);
+      // A GPU whose blocks cannot have the ring's 192 KB (an A100: 163 KB): row_stage (64 KB),
+      // whose tile (8192 fp32 / 16384 16-bit elements) and one status word per tile are
+      // row_pipe's, so the scratch planned here holds its status words. Not run on such a GPU.
+      static_assert(RowStageTune<T>::TILE == RowPipeTune<T>::TILE, "the fallback uses row_pipe's status words");
+      ScanProblem q = p;
+      q.algorithm = kRowStage;
+      return launch_t<T>(q, scratch, stream);
+    }
   }
   if (pl.algo == kRowRounds) {
     using TU = RoundsTune<T>;

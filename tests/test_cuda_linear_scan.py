@@ -147,8 +147,9 @@ def test_large_contiguous_and_strided(algorithm):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64", "complex64"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_few_long_rows(dtype, reverse):
-    """Few long rows: "auto" runs row_stage (the tile staged in shared memory) when the rows
-    are 16-byte vectors (a multiple of 8 here) and lookback_regs otherwise (the + 3)."""
+    """Few long rows: "auto" runs row_pipe (float32, bfloat16) or row_stage (float64,
+    complex64) when the rows are 16-byte vectors (a multiple of 8 here) and lookback_regs
+    otherwise (the + 3)."""
     jdt, tol = DTYPES[dtype]
     for shape in [(64, (1 << 16) + 8), (64, (1 << 16) + 3)]:  # >= 2^22 elements, rows >= 65536
         a, b, h0 = make(shape, 1, jdt, seed=hash((dtype, reverse, shape)) % 2**32)
@@ -178,14 +179,16 @@ def test_strided_pipe_long_chains(dtype, reverse):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_row_pipe_long_rows(reverse):
-    """Few long fp32 rows (auto: row_pipe): one row of 512 tiles (more than the persistent
-    grid's ring slots, and far past the 128-word look-back window), 8 rows with a partial last
-    tile, h0 and a_prod; and a row length that is not a multiple of the 16-byte vector (the
-    fallback)."""
-    jdt, tol = DTYPES["float32"]
-    for shape, axis in [((1 << 22,), 0), ((8, (1 << 19) + 4096), 1), ((5, (1 << 20) + 2), 1)]:
+def test_row_pipe_long_rows(dtype, reverse):
+    """Few long rows (auto: row_pipe; fp32 scanned in place, 16-bit re-walked): one row of 512
+    tiles (more than the persistent grid's ring slots, and far past the 128-word look-back
+    window), 8 rows with a partial last tile, h0 and a_prod; and a row length that is not a
+    multiple of the 16-byte vector (the fallback)."""
+    jdt, tol = DTYPES[dtype]
+    n1 = 1 << (22 if dtype == "float32" else 23)  # 512 tiles of 8192 / 16384 elements
+    for shape, axis in [((n1,), 0), ((8, (1 << 19) + 4096), 1), ((5, (1 << 20) + 2), 1)]:
         a, b, h0 = make(shape, axis, jdt, seed=hash((reverse, shape)) % 2**32)
         h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
                                                     return_a_prod=True))(a, b, h0)
@@ -367,6 +370,9 @@ def test_cuda_scratch_sizes():
     assert _cuda.resolve_algorithm(1, 1 << 26, 1) == 13  # kRowPipe (cuda/linear_scan.h)
     assert _cuda.resolve_algorithm(1024, 1 << 16, 1) == 7  # kRowWalk from 1024 rows
     assert q("float32", 1, 1 << 22, 1, False, 0) >= 16 * ((1 << 22) // 8192)
+    # and 16-bit ones: one per 16384-element tile
+    assert q("bfloat16", 1, 1 << 22, 1, False, 0) >= 16 * ((1 << 22) // 16384)
+    assert q("float16", 3, 1 << 20, 1, True, 0) >= 16 * 3 * ((1 << 20) // 16384)
     # every named algorithm and dtype answers; unknown ones are refused
     for dtype in DTYPES:
         for alg in range(len(ALGOS)):

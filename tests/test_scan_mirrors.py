@@ -1236,16 +1236,21 @@ def test_pipe_mirror():
 
 
 # ----------------------------------------------------------------------------------------
-# row_pipe_kernel (cuda/row_pipe.cuh): contiguous fp32 tiles in the warp-specialised pipeline.
-# `lanes` stands for the warp's 32 lanes (a power of two); 4 aggregator and 4 finisher warps
-# as on the GPU; the look-back window is one word per finisher thread (4 * lanes). nv: a
+# row_pipe_kernel (cuda/row_pipe.cuh): contiguous tiles in the warp-specialised pipeline.
+# `lanes` stands for the warp's 32 lanes (a power of two); na aggregator warps (8 on the GPU)
+# and 4 finisher warps; the look-back window is one word per finisher thread (4 * lanes). nv: a
 # multiple of 8 on the GPU (the swizzle's groups); here any nv with swz_bits <= log2(nv).
+# rewalk=False: fp32, the slot scanned in place by the aggregators; rewalk=True: 16-bit types,
+# the aggregators leave the slot as landed and keep each run's tile-local exclusive prefix, and
+# finisher thread f re-walks the runs f, f + win, ... from the carry, writing h over the slot.
 def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=8, swz_bits=0,
-                    broken=None):
+                    broken=None, na=4, rewalk=False):
     outer, L, inner = a.shape
     assert inner == 1
-    G = 4
-    tile, win = G * lanes * nv * vec, G * lanes
+    G = na
+    tile, win = G * lanes * nv * vec, 4 * lanes
+    assert (G * lanes) % win == 0
+    rpt = G * lanes // win  # runs per finisher thread (re-walk)
     nvt = tile // vec
     nchains, nchunks = outer, -(-L // tile)
     ntiles = nchains * nchunks
@@ -1283,7 +1288,8 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
     def scan_in_place(tid, slot):
         """The aggregators: each lane folds its run of nv vectors, a Kogge-Stone scan of the
         lane totals per warp, the warps folded in order; the tile-local inclusive prefixes
-        written over the slot. Returns the tile total."""
+        written over the slot (rewalk: each run's exclusive prefix kept instead). Returns the
+        tile total and the runs' prefixes."""
         sa, sb = slot
         k = tid // nchains
         valid = lambda v: k * tile + v * vec < L
@@ -1309,11 +1315,15 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
                     incl[lane] = comb(old[lane], old[lane - o]) if broken == "ks_swap" else comb(old[lane - o], old[lane])
                 o *= 2
             for lane in range(lanes):
-                ex[w, lane] = (1.0, 0.0) if lane == 0 else incl[lane - 1]
+                if broken == "lex_incl":
+                    ex[w, lane] = incl[lane]
+                else:
+                    ex[w, lane] = (1.0, 0.0) if lane == 0 else incl[lane - 1]
             tot_w.append(incl[-1])
         tot = tot_w[0]
         for q in range(1, G):
             tot = comb(tot, tot_w[q])
+        lex = {}
         for w in range(G):
             pre = (1.0, 0.0)
             for q in range(G):
@@ -1321,12 +1331,32 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
                     pre = comb(pre, tot_w[q])
             for lane in range(lanes):
                 run = comb(pre, ex[w, lane])
+                lex[w * lanes + lane] = run
+                if rewalk:
+                    continue
                 for v in run_of(w, lane):
                     if valid(v):
                         for e in order():
                             run = comb(run, (sa[swz(v), e], sb[swz(v), e]))
                             sa[swz(v), e], sb[swz(v), e] = run
-        return tot
+        return tot, lex
+
+    def rewalk_runs(tid, slot, excl, lex):
+        """The 16-bit finisher: thread f walks its runs f + m * win from excl o lex[run], h over
+        the slot's a and the a-product over its b."""
+        sa, sb = slot
+        k = tid // nchains
+        for f in range(win):
+            for m in range(rpt):
+                r = f + m * win
+                vr = f * rpt + m if broken == "rewalk_lex_index" else r  # the run whose vectors it walks
+                y = lex[r] if broken == "rewalk_no_carry" else comb(excl, lex[r])
+                for j in range(nv):
+                    v = vr * nv + j
+                    if k * tile + v * vec < L:
+                        for e in order():
+                            y = comb(y, (sa[swz(v), e], sb[swz(v), e]))
+                            sa[swz(v), e], sb[swz(v), e] = y[1], y[0]
 
     def exclusive(tid):  # the window, then the fold; None: spin
         chain, k = tid % nchains, tid // nchains
@@ -1371,7 +1401,7 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
     counter = [0]
     blocks = [PipeBlock(nslot) for _ in range(nblocks)]
     for bl in blocks:
-        bl.tot = {}
+        bl.tot, bl.lex = {}, {}
 
     def produce(bl):
         got = bl.claim(counter, broken)
@@ -1388,7 +1418,7 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
             return False
         tid, slot = bl.slots[bl.i_agg % nslot]
         if slot is not None:
-            t = scan_in_place(tid, slot)
+            t, bl.lex[bl.i_agg] = scan_in_place(tid, slot)
             bl.tot[bl.i_agg] = t
             chain, k = tid % nchains, tid // nchains
             if k == 0:
@@ -1414,14 +1444,19 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
         chain, k = tid % nchains, tid // nchains
         if k > 0:
             publish(tid, INC, comb(excl, bl.tot[bl.i_fin]))
+        if rewalk:
+            rewalk_runs(tid, (sa, sb), excl, bl.lex[bl.i_fin])
         for v in range(nvt):  # row order; the elements already at their physical places
             p0 = k * tile + v * vec
             if p0 >= L:
                 break
             q0 = L - p0 - vec if reverse else p0
             for e in range(vec):
-                y = comb(excl, (sa[swz(v), e], sb[swz(v), e]))
-                h[chain, q0 + e], ap[chain, q0 + e] = y[1], y[0]
+                if rewalk:  # stored as re-walked
+                    h[chain, q0 + e], ap[chain, q0 + e] = sa[swz(v), e], sb[swz(v), e]
+                else:
+                    y = comb(excl, (sa[swz(v), e], sb[swz(v), e]))
+                    h[chain, q0 + e], ap[chain, q0 + e] = y[1], y[0]
                 written[chain, q0 + e] += 1
         bl.freed.add(s)
         bl.i_fin += 1
@@ -1433,13 +1468,14 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
 
 
 def check_row_pipe(broken, reverse, shape=(2, 1500, 1), lanes=4, nv=4, vec=2, nslot=3, nblocks=6, seed=0, lag=8,
-                   swz_bits=2):
+                   swz_bits=2, na=4, rewalk=False):
     rng = np.random.default_rng(seed)
     _, b = inputs(rng, shape)
     a = rng.uniform(0.97, 1.0, shape)  # a tile's product stays near 1: every carry matters
     h0 = rng.standard_normal((shape[0], 1))
     return strided_mirror_ok(lambda: row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng,
-                                                     lag=lag, swz_bits=swz_bits, broken=broken), a, b, h0, reverse)
+                                                     lag=lag, swz_bits=swz_bits, broken=broken, na=na,
+                                                     rewalk=rewalk), a, b, h0, reverse)
 
 
 def test_row_pipe_mirror():
@@ -1465,3 +1501,26 @@ def test_row_pipe_mirror():
             far += row_pipe_mirror.stats["far"]
             spins += row_pipe_mirror.stats["spins"]
     assert far > 0 and spins > 0, (far, spins)  # both paths exercised
+
+
+def test_row_pipe_rewalk_mirror():
+    # the 16-bit path: 8 aggregator warps of 4 lanes (two runs per finisher thread, as on the
+    # GPU), the slot re-walked by the finishers; tiles of 8 x 4 x 2 x 4 = 256 steps
+    kw0 = dict(na=8, vec=4, nv=2, swz_bits=1, rewalk=True)
+    for bad in ("lex_incl", "rewalk_lex_index", "rewalk_no_carry", "prefix_incl", "no_reverse", "swz_or"):
+        dirs = (True,) if bad == "no_reverse" else (False, True)
+        assert not any(check_row_pipe(bad, rev, seed=s, **kw0) for rev in dirs for s in range(2)), \
+            f"broken variant {bad} not caught"
+    far = spins = 0
+    for reverse in (False, True):
+        runs = [dict(kw0, seed=seed) for seed in range(3)] + [
+            # one row of 40 tiles (a partial last one) on 8 blocks, 2 slots
+            dict(kw0, shape=(1, 10100, 1), nslot=2, nblocks=8, seed=4),
+            # the 4-warp geometry (one run per finisher thread) and the lookback_warp path
+            dict(shape=(1, 1200, 1), lanes=2, nv=2, vec=2, nslot=3, nblocks=8, seed=6, lag=200, swz_bits=1,
+                 rewalk=True)]
+        for kw in runs:
+            assert check_row_pipe(None, reverse, **kw), kw
+            far += row_pipe_mirror.stats["far"]
+            spins += row_pipe_mirror.stats["spins"]
+    assert far > 0 and spins > 0, (far, spins)

@@ -204,8 +204,18 @@ __global__ void diff_kernel(const unsigned* x, const unsigned* y, int64_t n, uns
     if (x[i] != y[i]) atomicAdd(bad, 1u);
 }
 
+__global__ void to_bf16_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void to_f32_kernel(const __nv_bfloat16* x, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = __bfloat162float(x[i]);
+}
+
 static int mode_determinism(int runs, const std::string& filter) {
-  struct D { const char* what; int64_t o, L, i; int algo; };
+  struct D { const char* what; int64_t o, L, i; int algo; bool bf16 = false; };
   std::vector<D> cases = {
       {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kLookbackRegs},
       {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kLookbackWarp},
@@ -231,6 +241,8 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kRowPipe},
       {"contiguous 100x2^18", 100, 1 << 18, 1, jss::kRowPipe},
       {"contiguous 256x65536", 256, 65536, 1, jss::kRowPipe},
+      {"contiguous 1x2^24 bf16", 1, 1 << 24, 1, jss::kRowPipe, true},  // the 16-bit re-walk
+      {"contiguous 100x2^18 bf16", 100, 1 << 18, 1, jss::kRowPipe, true},
   };
   int fails = 0;
   for (auto& c : cases) {
@@ -245,15 +257,24 @@ static int mode_determinism(int runs, const std::string& filter) {
     // a close to 1 keeps long-range dependence, so the carries matter at every tile
     jss::ScanProblem p;
     p.a = a; p.b = b; p.h0 = h0; p.h = ref; p.outer = c.o; p.L = c.L; p.inner = c.i; p.algorithm = c.algo;
-    size_t sb = jss::scratch_bytes(jss::DType::F32, p);
+    const jss::DType dt = c.bf16 ? jss::DType::BF16 : jss::DType::F32;
+    const int64_t words = c.bf16 ? n / 2 : n;  // 32-bit words compared (n even for bf16)
+    __nv_bfloat16 *a16 = nullptr, *b16 = nullptr;
+    if (c.bf16) {  // bf16 copies of a, b (h0 stays zero: its first half read as bf16)
+      CK(cudaMalloc(&a16, n * 2)); CK(cudaMalloc(&b16, n * 2));
+      to_bf16_kernel<<<1024, 256>>>(a, a16, n);
+      to_bf16_kernel<<<1024, 256>>>(b, b16, n);
+      p.a = a16; p.b = b16;
+    }
+    size_t sb = jss::scratch_bytes(dt, p);
     void* s; CK(cudaMalloc(&s, sb));
-    CK(jss::launch_linear_scan(jss::DType::F32, p, s, 0));
+    CK(jss::launch_linear_scan(dt, p, s, 0));
     p.h = h;
     CK(cudaMemset(bad, 0, 4));
     for (int r = 0; r < runs; ++r) {
       CK(cudaMemsetAsync(h, 0xff, n * 4, 0));
-      CK(jss::launch_linear_scan(jss::DType::F32, p, s, 0));
-      diff_kernel<<<1024, 256>>>((const unsigned*)h, (const unsigned*)ref, n, bad);
+      CK(jss::launch_linear_scan(dt, p, s, 0));
+      diff_kernel<<<1024, 256>>>((const unsigned*)h, (const unsigned*)ref, words, bad);
     }
     CK(cudaDeviceSynchronize());
     unsigned nb; CK(cudaMemcpy(&nb, bad, 4, cudaMemcpyDeviceToHost));
@@ -262,6 +283,7 @@ static int mode_determinism(int runs, const std::string& filter) {
                 c.what, kNames[c.algo], runs, (long long)tiles, nb, nb ? "FAIL" : "ok");
     fails += nb != 0;
     cudaFree(a); cudaFree(b); cudaFree(h); cudaFree(ref); cudaFree(h0); cudaFree(bad); cudaFree(s);
+    cudaFree(a16); cudaFree(b16);
   }
   return fails ? 1 : 0;
 }
@@ -334,12 +356,15 @@ static int mode_graph(int runs) {
 // from 0 (a < 0.9, so the neglected history weighs < 0.9^400).
 static int mode_big() {
   int fails = 0;
-  struct B { const char* what; int64_t o, L, i; int algo = jss::kAuto; };
+  struct B { const char* what; int64_t o, L, i; int algo = jss::kAuto; bool bf16 = false; };
   // (one row of 2^31 + 2^20 + 4: a multiple of 4, so auto runs row_stage's 16-byte vectors)
   std::vector<B> cases = {{"contiguous 1 x (2^31+2^20+4)", 1, (1ll << 31) + (1 << 20) + 4, 1},
                           {"contiguous rows 2048 x (2^20+4)", 2048, (1 << 20) + 4, 1},
                           {"strided (L=2^17+1, C=16388) axis 0", 1, (1 << 17) + 1, 16388},
-                          {"contiguous 1 x (2^31+2^20+4) row_pipe", 1, (1ll << 31) + (1 << 20) + 4, 1, jss::kRowPipe}};
+                          {"contiguous 1 x (2^31+2^20+4) row_pipe", 1, (1ll << 31) + (1 << 20) + 4, 1, jss::kRowPipe},
+                          // the 16-bit re-walk (L a multiple of 8: 16-byte vectors of bf16)
+                          {"contiguous 1 x (2^31+2^20+8) row_pipe bf16", 1, (1ll << 31) + (1 << 20) + 8, 1,
+                           jss::kRowPipe, true}};
   for (auto& c : cases) {
     const int64_t n = c.o * c.L * c.i;
     float *a, *b, *h0, *h;
@@ -349,9 +374,24 @@ static int mode_big() {
     CK(cudaMemset(h, 0xff, n * 4));
     jss::ScanProblem p;
     p.a = a; p.b = b; p.h0 = h0; p.h = h; p.outer = c.o; p.L = c.L; p.inner = c.i; p.algorithm = c.algo;
-    size_t sb = jss::scratch_bytes(jss::DType::F32, p);
+    const jss::DType dt = c.bf16 ? jss::DType::BF16 : jss::DType::F32;
+    __nv_bfloat16 *a16 = nullptr, *b16 = nullptr, *h16 = nullptr;
+    if (c.bf16) {  // bf16 a, b, h; the check below then reads their float conversions
+      CK(cudaMalloc(&a16, n * 2)); CK(cudaMalloc(&b16, n * 2)); CK(cudaMalloc(&h16, n * 2));
+      to_bf16_kernel<<<4096, 256>>>(a, a16, n);
+      to_bf16_kernel<<<4096, 256>>>(b, b16, n);
+      CK(cudaMemset(h16, 0xff, n * 2));
+      CK(cudaMemset(h0, 0, c.o * c.i * 4));  // zero read as bf16 too
+      p.a = a16; p.b = b16; p.h = h16;
+    }
+    size_t sb = jss::scratch_bytes(dt, p);
     void* s; CK(cudaMalloc(&s, sb));
-    CK(jss::launch_linear_scan(jss::DType::F32, p, s, 0));
+    CK(jss::launch_linear_scan(dt, p, s, 0));
+    if (c.bf16) {
+      to_f32_kernel<<<4096, 256>>>(a16, a, n);
+      to_f32_kernel<<<4096, 256>>>(b16, b, n);
+      to_f32_kernel<<<4096, 256>>>(h16, h, n);
+    }
     CK(cudaDeviceSynchronize());
     // windows of steps t (per channel for the strided case)
     std::vector<int64_t> ts, chans;
@@ -384,11 +424,12 @@ static int mode_big() {
           }
         }
       }
-    bool ok = worst < 1e-4;
+    bool ok = worst < (c.bf16 ? 1e-2 : 1e-4);  // bf16: h rounded to 8 bits (2^-9 relative)
     std::printf("big %-36s n=%lld (> 2^31: %s) worst window error %.2e %s\n", c.what, (long long)n,
                 n > (1ll << 31) ? "yes" : "no", worst, ok ? "ok" : "FAIL");
     fails += !ok;
     cudaFree(a); cudaFree(b); cudaFree(h); cudaFree(h0); cudaFree(s);
+    cudaFree(a16); cudaFree(b16); cudaFree(h16);
   }
   return fails ? 1 : 0;
 }
