@@ -65,7 +65,9 @@ struct RowPipeCfg {
   static constexpr int THREADS = (PRODUCER + 1) * 32;
   static constexpr int WIN = PIPE_GROUP * 32;  // look-back window: a word per finisher thread
   static constexpr int LEX = IN_PLACE ? 1 : NSLOT;     // slots of run prefixes (16-bit only)
-  static constexpr size_t smem() { return size_t(NSLOT) * 2 * NVT * 16; }
+  static constexpr size_t ring() { return size_t(NSLOT) * 2 * NVT * 16; }
+  // the ring, and with BULK the staging region of one tile's h
+  static constexpr size_t smem(bool bulk = false) { return ring() + (bulk ? size_t(NVT) * 16 : 0); }
   // the static shared memory (window, masks, barriers: < 4 KB; the run prefixes) with a margin
   static constexpr size_t static_smem() { return 4096 + (IN_PLACE ? 0 : size_t(LEX) * RUNS * 8); }
   static_assert(NSLOT >= 2, "a slot must be loading while another is finished");
@@ -87,6 +89,21 @@ __device__ __forceinline__ int rp_swz(int v) {
 __device__ __forceinline__ void role_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
+
+// BULK (fp32): the tile's h leaves shared memory by one bulk copy (the TMA unit, sm_90) from
+// a staging region of its own, so the stores drain while the finishers look back for the next
+// tile and the slot is free as soon as it has been read. The threads write h in row order
+// (physical order for the reverse direction), fence the generic-proxy writes for the async
+// proxy, and one thread issues the copy; before the next tile's h is written it waits until
+// the copy has read the region.
+__device__ __forceinline__ void fence_smem_to_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void bulk_store(void* g, const void* s, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(g), "r"(smem_u32(s)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 // A slot's 16-byte vector as VEC state values, and back.
 template <class T>
@@ -140,13 +157,16 @@ __device__ __forceinline__ void rp_rewalk(float4* sa, float4* sb, const Pair<flo
 
 // NA aggregator warps; the direction is a template parameter (REV) because the scans index
 // each vector's elements by it: a run-time flag cost selects on every element.
-template <class T, int NV, int NSLOT, int NA, bool REV>
+// BULK (fp32 only): without a_prod, the finishers hand each tile's h to one bulk copy from a
+// staging region (above) instead of storing it vector by vector.
+template <class T, int NV, int NSLOT, int NA, bool REV, bool BULK>
 __global__ void __launch_bounds__(RowPipeCfg<T, NV, NSLOT, NA>::THREADS, 1) row_pipe_kernel(Dev d) {
   using C = RowPipeCfg<T, NV, NSLOT, NA>;
   using P = Pair<float>;
   static_assert(C::IN_PLACE || sizeof(T) == 2, "float slots are scanned in place, 16-bit ones re-walked");
+  static_assert(!BULK || C::IN_PLACE, "the bulk copy's staging region fits beside the ring for fp32 only");
   constexpr int VEC = C::VEC, NVT = C::NVT, GT = PIPE_GROUP * 32, WIN = C::WIN;
-  extern __shared__ float4 smem_rp[];  // [NSLOT][a, b][NVT]
+  extern __shared__ float4 smem_rp[];  // [NSLOT][a, b][NVT], then (BULK) [NVT] of staged h
   __shared__ P s_tot[NSLOT];          // tile totals (aggregators -> finishers)
   __shared__ P s_aw[NA];              // aggregator warp totals
   __shared__ P s_lex[C::LEX][C::IN_PLACE ? 1 : C::RUNS];  // 16-bit: the runs' tile-local prefixes
@@ -316,7 +336,10 @@ __global__ void __launch_bounds__(RowPipeCfg<T, NV, NSLOT, NA>::THREADS, 1) row_
     JSS_PIPE_CLOCK(t1);
     if (ftid == 0) JSS_PIPE_STAT(3, t1 - t0);
     const unsigned cur = s_ids[s];
-    if (cur >= ntiles) break;
+    if (cur >= ntiles) {
+      if (BULK && ftid == 0) bulk_wait_all();  // the last tile's copy done before the block ends
+      break;
+    }
     const int64_t chain = cur % nchains, k = cur / nchains;
     auto rec = [&](int64_t c) { return (size_t)(c * nchains + chain); };
     // 1. the window: thread ftid reads the word of chunk k - 1 - ftid (chunk -1 is the
@@ -388,6 +411,7 @@ __global__ void __launch_bounds__(RowPipeCfg<T, NV, NSLOT, NA>::THREADS, 1) row_
         st.publish(cur, ST_INC, combine(acc, s_tot[s]));
       }
     }
+    if (BULK && ftid == 0) bulk_wait_read();  // the previous tile's copy has read the staging
     role_sync(bar, GT);
     JSS_PIPE_CLOCK(t2);
     if (ftid == 0) JSS_PIPE_STAT(4, t2 - t1);
@@ -395,7 +419,22 @@ __global__ void __launch_bounds__(RowPipeCfg<T, NV, NSLOT, NA>::THREADS, 1) row_
     const int64_t tbase = k * C::TILE, row0 = chain * L;
     float4* sa = slot_a(s);
     float4* sb = slot_b(s);
-    if constexpr (C::IN_PLACE) {
+    if (BULK && AP == nullptr) {
+      // 3. apply into the staging region in plain order (row order; reversed for REV), then
+      //    one bulk copy of the tile's nval vectors, left to drain
+      float4* stg = smem_rp + C::ring() / 16;
+      const int nval = (int)(L - tbase < C::TILE ? (L - tbase) / VEC : NVT);
+#pragma unroll 4
+      for (int v = ftid; v < nval; v += GT) {
+        const float4 la = sa[rp_swz<NV>(v)], lb = sb[rp_swz<NV>(v)];
+        stg[REV ? nval - 1 - v : v] = make_float4(s_fma(la.x, ex.b, lb.x), s_fma(la.y, ex.b, lb.y),
+                                                  s_fma(la.z, ex.b, lb.z), s_fma(la.w, ex.b, lb.w));  // combine(ex, .).b
+      }
+      fence_smem_to_async();
+      role_sync(bar, GT);
+      if (ftid == 0)
+        bulk_store(H + row0 + (REV ? L - tbase - (int64_t)nval * VEC : tbase), stg, (unsigned)nval * 16u);
+    } else if constexpr (C::IN_PLACE) {
       // 3. apply: h = combine(excl, tile-local prefix), the slot read in row order (each
       //    element already at its physical place in the vector), 512 contiguous bytes per warp
 #pragma unroll 4
@@ -446,14 +485,14 @@ struct RowPipeGeom {
   size_t total() const { return 256 + Status<float>::bytes((size_t)ntiles); }
 };
 
-template <class T, int NV, int NSLOT, int NA>
+template <class T, int NV, int NSLOT, int NA, bool BULK = false>
 cudaError_t row_pipe_fits_device(bool& fits) {
   static std::atomic<int> cache[64];
   using C = RowPipeCfg<T, NV, NSLOT, NA>;
-  return smem_fits_device(C::smem() + C::static_smem(), cache, fits);
+  return smem_fits_device(C::smem(BULK) + C::static_smem(), cache, fits);
 }
 
-template <class T, int NV, int NSLOT, int NA>
+template <class T, int NV, int NSLOT, int NA, bool BULK = false>
 cudaError_t row_pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   if constexpr (!std::is_same<T, float>::value && sizeof(T) != 2) {
     return cudaErrorInvalidValue;  // make_plan never asks for it
@@ -461,10 +500,10 @@ cudaError_t row_pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t st
     using C = RowPipeCfg<T, NV, NSLOT, NA>;
     const RowPipeGeom<C::TILE> g(p);
     if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
-    auto kernel = p.reverse ? row_pipe_kernel<T, NV, NSLOT, NA, true> : row_pipe_kernel<T, NV, NSLOT, NA, false>;
+    auto kernel = p.reverse ? row_pipe_kernel<T, NV, NSLOT, NA, true, BULK> : row_pipe_kernel<T, NV, NSLOT, NA, false, BULK>;
     static std::atomic<int> resident[2][64];  // per direction's kernel (the same resources)
     int res = 0;
-    cudaError_t err = resident_blocks(kernel, C::THREADS, C::smem(), resident[p.reverse ? 1 : 0], res);
+    cudaError_t err = resident_blocks(kernel, C::THREADS, C::smem(BULK), resident[p.reverse ? 1 : 0], res);
     if (err != cudaSuccess) return err;
     Dev d = dev_params(p);
     d.nchains = g.nchains;
@@ -478,7 +517,7 @@ cudaError_t row_pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t st
     err = cudaMemsetAsync(base, 0, 256 + Status<float>::reset_bytes((size_t)g.ntiles), stream);
     if (err != cudaSuccess) return err;
     const int64_t grid = g.ntiles < res ? g.ntiles : res;
-    kernel<<<(unsigned)grid, C::THREADS, C::smem(), stream>>>(d);
+    kernel<<<(unsigned)grid, C::THREADS, C::smem(BULK), stream>>>(d);
     return cudaGetLastError();
   }
 }

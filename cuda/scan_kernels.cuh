@@ -2038,6 +2038,7 @@ namespace jss {
 template <class T>
 struct RowPipeTune {
   static constexpr int NV = 8, NSLOT = 3, NA = 8;
+  static constexpr bool BULK = std::is_same<T, float>::value;  // fp32: h by bulk copies (section 12.2)
   static constexpr int TILE = RowPipeCfg<T, NV, NSLOT, NA>::TILE;
 };
 
@@ -2296,10 +2297,11 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     if (pl.algo == kRowPipe) {
       using TU = RowPipeTune<T>;
       bool fits = false;
-      const cudaError_t err = row_pipe_fits_device<T, TU::NV, TU::NSLOT, TU::NA>(fits);
+      const cudaError_t err = row_pipe_fits_device<T, TU::NV, TU::NSLOT, TU::NA, TU::BULK>(fits);
       if (err != cudaSuccess) return err;
-      if (fits) return row_pipe_launch<T, TU::NV, TU::NSLOT, TU::NA>(p, scratch, stream);
-      // A GPU whose blocks cannot have the ring's 192 KB (an A100: 163 KB): row_stage (64 KB),
+      if (fits) return row_pipe_launch<T, TU::NV, TU::NSLOT, TU::NA, TU::BULK>(p, scratch, stream);
+      // A GPU whose blocks cannot have the ring's 192 KB (fp32: 224 KB with the staging region
+      // of the bulk copies; an A100 has 163 KB): row_stage (64 KB),
       // whose tile (8192 fp32 / 16384 16-bit elements) and one status word per tile are
       // row_pipe's, so the scratch planned here holds its status words. Not run on such a GPU.
       static_assert(RowStageTune<T>::TILE == RowPipeTune<T>::TILE, "the fallback uses row_pipe's status words");

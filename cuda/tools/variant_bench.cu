@@ -171,9 +171,9 @@ bool rpipe_fits() {  // fp32 (scanned in place) and 16-bit (re-walked) types
   using C = RowPipeCfg<T, NV, NSLOT, NA>;
   return (std::is_same<T, float>::value || sizeof(T) == 2) && C::smem() + C::static_smem() <= 227 * 1024;
 }
-template <class T, int NV, int NSLOT, int NA>
+template <class T, int NV, int NSLOT, int NA, bool BULK = false>
 void rpipe(const ScanProblem& p, void* scratch) {
-  CK((row_pipe_launch<T, NV, NSLOT, NA>(p, scratch, 0)));
+  CK((row_pipe_launch<T, NV, NSLOT, NA, BULK>(p, scratch, 0)));
 }
 #ifdef JSS_PIPE_STATS
 // One more launch with the kernel's counters on: per finished tile, the finisher's cycles
@@ -256,8 +256,12 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
 #define JSS_RPIPE(NV, NSLOT, NA)                                          \
   if (rpipe_fits<T, NV, NSLOT, NA>())                                     \
     vs.push_back({"rpipe_a" #NA "v" #NV "_n" #NSLOT, [&] { rpipe<T, NV, NSLOT, NA>(p, scratch); }});
-    JSS_RPIPE(8, 3, 8) JSS_RPIPE(16, 3, 4) JSS_RPIPE(8, 6, 4)
+    JSS_RPIPE(8, 3, 8) JSS_RPIPE(16, 3, 4)
 #undef JSS_RPIPE
+    // section 12.2: fp32, the tile's h leaves by one bulk copy (TMA) from a staging region
+    if constexpr (std::is_same<T, float>::value)
+      vs.push_back({"rpipe_a8v8_n3_stg", [&] { rpipe<T, 8, 3, 8, true>(p, scratch); }});
+    vs.push_back({"row_stage", named(kRowStage)});
   }
   if (s.i == 1 && s.o >= 512) {
     vs.push_back({"row_walk_s4", [&] { row_walk<T, 4>(p); }});
@@ -286,7 +290,7 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     std::vector<std::pair<std::string, std::function<void()>>> keep;
     for (auto& v : vs)
       if (v.first == "auto" || v.first == "lookback_regs" || v.first.rfind("pipe_", 0) == 0 ||
-          v.first.rfind("rpipe_", 0) == 0)
+          v.first.rfind("rpipe_", 0) == 0 || v.first == "row_stage")
         keep.push_back(v);
     vs.swap(keep);
   }
