@@ -65,6 +65,17 @@ size_t scratch_bytes(DType t, const ScanProblem& p) {
   return 0;
 }
 
+cudaError_t launched_algorithm(DType t, const ScanProblem& p, int& algo) {
+  switch (t) {
+    case DType::F32: return launched_algorithm_f32(p, algo);
+    case DType::F64: return launched_algorithm_f64(p, algo);
+    case DType::BF16: return launched_algorithm_bf16(p, algo);
+    case DType::F16: return launched_algorithm_f16(p, algo);
+    case DType::C64: return launched_algorithm_c64(p, algo);
+  }
+  return cudaErrorInvalidValue;
+}
+
 cudaError_t launch_linear_scan(DType t, const ScanProblem& p, void* scratch, cudaStream_t stream) {
   switch (t) {
     case DType::F32: return launch_f32(p, scratch, stream);

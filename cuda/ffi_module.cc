@@ -12,6 +12,7 @@
 // graph) compatible; the selective-scan handlers (selective_scan_ffi.cc) take theirs the same
 // way, sized by selective_scan_scratch_bytes() below.
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include <nanobind/nanobind.h>
@@ -200,6 +201,20 @@ NB_MODULE(_cuda, m) {
     return aligned > unaligned ? aligned : unaligned;
   });
   m.def("linear_scan_scratch_align", []() { return kScratchAlign; });
+  // GPU test hook: the kernel family a call of this shape runs on the current device, after
+  // the fallbacks of a GPU with less shared memory per block (operands taken as aligned).
+  m.def("launched_algorithm", [](const std::string& dtype_name, int64_t outer, int64_t L, int64_t inner) {
+    jss::DType t;
+    if (!dtype_from_name(dtype_name, &t)) throw nb::value_error(("unsupported dtype " + dtype_name).c_str());
+    jss::ScanProblem p;
+    p.outer = outer;
+    p.L = L;
+    p.inner = inner;
+    int algo = -1;
+    const cudaError_t err = jss::launched_algorithm(t, p, algo);
+    if (err != cudaSuccess) throw std::runtime_error(cudaGetErrorString(err));
+    return algo;
+  });
   // Bytes of scratch the selective-scan forward (backward=False) or backward plans for a
   // problem (before kScratchAlign is added): the L split's carries, the bidirectional y, the
   // backward's dB / dC partials, its checkpoint sweep unless the forward saved them

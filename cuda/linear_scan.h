@@ -56,9 +56,14 @@ size_t scratch_bytes(DType t, const ScanProblem& p);
 // must hold scratch_bytes(t, p) bytes, 256-byte aligned. Returns the first CUDA error.
 cudaError_t launch_linear_scan(DType t, const ScanProblem& p, void* scratch, cudaStream_t stream);
 
+// The kernel family the launch runs on the current device ("auto" resolved, then the
+// fallback of a GPU whose blocks cannot have a pipeline's shared memory). Test hook.
+cudaError_t launched_algorithm(DType t, const ScanProblem& p, int& algo);
+
 // Per-dtype entry points (one translation unit each, compiled in parallel).
 #define JSS_DECLARE_DTYPE(NAME)                                                   \
   size_t scratch_bytes_##NAME(const ScanProblem& p);                              \
+  cudaError_t launched_algorithm_##NAME(const ScanProblem& p, int& algo);         \
   cudaError_t launch_##NAME(const ScanProblem& p, void* scratch, cudaStream_t stream);
 JSS_DECLARE_DTYPE(f32)
 JSS_DECLARE_DTYPE(f64)

@@ -68,8 +68,6 @@ struct RowPipeCfg {
   static constexpr size_t ring() { return size_t(NSLOT) * 2 * NVT * 16; }
   // the ring, and with BULK the staging region of one tile's h
   static constexpr size_t smem(bool bulk = false) { return ring() + (bulk ? size_t(NVT) * 16 : 0); }
-  // the static shared memory (window, masks, barriers: < 4 KB; the run prefixes) with a margin
-  static constexpr size_t static_smem() { return 4096 + (IN_PLACE ? 0 : size_t(LEX) * RUNS * 8); }
   static_assert(NSLOT >= 2, "a slot must be loading while another is finished");
   static_assert(NV % 8 == 0, "the swizzle permutes aligned groups of 8 vectors inside a lane's run");
   static_assert(RUNS % WIN == 0, "every finisher thread re-walks the same number of runs");
@@ -485,11 +483,22 @@ struct RowPipeGeom {
   size_t total() const { return 256 + Status<float>::bytes((size_t)ntiles); }
 };
 
+// Whether one block may have the ring (+ staging) and the kernel's static shared memory (asked
+// of the compiled kernel once: fp32 with its staging region is within 2 KB of the H200's
+// 227 KB, so no margin can stand in for it).
 template <class T, int NV, int NSLOT, int NA, bool BULK = false>
 cudaError_t row_pipe_fits_device(bool& fits) {
   static std::atomic<int> cache[64];
-  using C = RowPipeCfg<T, NV, NSLOT, NA>;
-  return smem_fits_device(C::smem(BULK) + C::static_smem(), cache, fits);
+  static std::atomic<size_t> static_plus1{0};  // the kernel's static shared bytes + 1 (0: not asked)
+  size_t sp = static_plus1.load(std::memory_order_relaxed);
+  if (sp == 0) {
+    cudaFuncAttributes fa{};  // both directions' kernels declare the same shared variables
+    const cudaError_t err = cudaFuncGetAttributes(&fa, row_pipe_kernel<T, NV, NSLOT, NA, false, BULK>);
+    if (err != cudaSuccess) return err;
+    sp = fa.sharedSizeBytes + 1;
+    static_plus1.store(sp, std::memory_order_relaxed);
+  }
+  return smem_fits_device(RowPipeCfg<T, NV, NSLOT, NA>::smem(BULK) + sp - 1, cache, fits);
 }
 
 template <class T, int NV, int NSLOT, int NA, bool BULK = false>

@@ -2266,6 +2266,28 @@ size_t scratch_bytes_t(const ScanProblem& p) {
   return make_plan<T>(p).total_bytes;
 }
 
+// The kernel family launch_t runs for p on the current device: the plan's, or the fallback
+// where one block cannot have a pipeline's shared memory (mirrors launch_t's branches). A
+// test hook: a fallback is correct, so only this can show that the fast kernel runs.
+template <class T>
+cudaError_t launched_algorithm_t(const ScanProblem& p, int& algo) {
+  algo = make_plan<T>(p).algo;
+  bool fits = true;
+  cudaError_t err = cudaSuccess;
+  if (algo == kStridedPipe) {
+    err = pipe_fits_device<T, PipeTune<T>::SPW, PipeTune<T>::NSLOT>(fits);
+    if (!fits) algo = kLookbackRegs;
+  }
+  if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
+    if (algo == kRowPipe) {
+      using TU = RowPipeTune<T>;
+      err = row_pipe_fits_device<T, TU::NV, TU::NSLOT, TU::NA, TU::BULK>(fits);
+      if (!fits) algo = kRowStage;
+    }
+  }
+  return err;
+}
+
 template <class T>
 cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   using C = Config<T>;
@@ -2403,6 +2425,9 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
 #define JSS_DEFINE_DTYPE(NAME, T)                                                          \
   namespace jss {                                                                          \
   size_t scratch_bytes_##NAME(const ScanProblem& p) { return scratch_bytes_t<T>(p); }      \
+  cudaError_t launched_algorithm_##NAME(const ScanProblem& p, int& algo) {                 \
+    return launched_algorithm_t<T>(p, algo);                                               \
+  }                                                                                        \
   cudaError_t launch_##NAME(const ScanProblem& p, void* scratch, cudaStream_t stream) {    \
     return launch_t<T>(p, scratch, stream);                                                \
   }                                                                                        \

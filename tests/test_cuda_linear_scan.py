@@ -201,6 +201,25 @@ def test_row_pipe_long_rows(dtype, reverse):
 
 
 @gpu
+def test_auto_runs_the_pipelines():
+    """On a GPU whose blocks may have 227 KB of shared memory (compute capability 9.x: H100,
+    H200), "auto" must run the warp-specialised pipelines, not their slower fallbacks (which
+    give the same numbers, so no accuracy test can tell)."""
+    from jax_selscan import _cuda
+    dev = jax.devices("gpu")[0]
+    cc = getattr(dev, "compute_capability", None)
+    hopper = str(cc).startswith("9") if cc is not None else any(k in dev.device_kind for k in ("H100", "H200"))
+    if not hopper:
+        pytest.skip(f"{dev.device_kind} (compute capability {cc}): the fallbacks may run")
+    assert _cuda.launched_algorithm("float32", 1, 1 << 26, 1) == 13  # kRowPipe (cuda/linear_scan.h)
+    assert _cuda.launched_algorithm("bfloat16", 1, 1 << 26, 1) == 13
+    assert _cuda.launched_algorithm("float16", 64, 1 << 20, 1) == 13
+    assert _cuda.launched_algorithm("float32", 1, 4096, 24576) == 12  # kStridedPipe
+    assert _cuda.launched_algorithm("bfloat16", 1, 4096, 24576) == 12
+    assert _cuda.launched_algorithm("float64", 1, 1 << 26, 1) == 11  # kRowStage: no pipeline
+
+
+@gpu
 def test_default_is_deterministic():
     """Bitwise-identical results over repeated runs (the full 500-run check is in gpu_check.sh)."""
     a, b, h0 = make((1 << 22,), 0, jnp.float32, seed=3)

@@ -150,8 +150,36 @@ bool run_case(int64_t outer, int64_t L, int64_t inner, bool reverse, int algo) {
 
 static int g_only_algo = -1;  // "tiny NAME" / "quick NAME": only that kernel
 
-static int mode_check(bool quick, bool tiny = false) {
+// On a GPU whose blocks may have 227 KB of shared memory (H100 / H200), "auto" must run the
+// pipelines, not their fallbacks: a fallback gives the right numbers, so only this shows it.
+static int check_pipelines_run() {
+  int dev = 0, optin = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (optin < 227 * 1024) {
+    std::printf("pipelines: %d bytes of shared memory per block, fallbacks expected\n", optin);
+    return 0;
+  }
+  struct K { const char* what; jss::DType t; int64_t o, L, i; int want; };
+  const K ks[] = {{"f32 1 x 2^26", jss::DType::F32, 1, 1 << 26, 1, jss::kRowPipe},
+                  {"bf16 1 x 2^26", jss::DType::BF16, 1, 1 << 26, 1, jss::kRowPipe},
+                  {"f16 64 x 2^20", jss::DType::F16, 64, 1 << 20, 1, jss::kRowPipe},
+                  {"f32 (4096, 24576) axis 0", jss::DType::F32, 1, 4096, 24576, jss::kStridedPipe},
+                  {"bf16 (4096, 24576) axis 0", jss::DType::BF16, 1, 4096, 24576, jss::kStridedPipe}};
   int fails = 0;
+  for (const K& k : ks) {
+    jss::ScanProblem p;
+    p.outer = k.o; p.L = k.L; p.inner = k.i;
+    int got = -1;
+    CK(jss::launched_algorithm(k.t, p, got));
+    std::printf("pipelines: %-26s runs %-14s %s\n", k.what, got >= 0 ? kNames[got] : "?", got == k.want ? "ok" : "FAIL");
+    fails += got != k.want;
+  }
+  return fails;
+}
+
+static int mode_check(bool quick, bool tiny = false) {
+  int fails = check_pipelines_run();
   struct S { int64_t o, L, i; };
   // strided_stage needs inner % (16 / sizeof(T)) == 0 (else it falls back to lookback_regs):
   // (2, 300, 132) and (1, 777, 264) run it for every dtype but bf16 at 132; (1, 5000, 136)

@@ -168,8 +168,9 @@ void pipe(const ScanProblem& p, void* scratch) {
 // NSLOT ring slots
 template <class T, int NV, int NSLOT, int NA>
 bool rpipe_fits() {  // fp32 (scanned in place) and 16-bit (re-walked) types
-  using C = RowPipeCfg<T, NV, NSLOT, NA>;
-  return (std::is_same<T, float>::value || sizeof(T) == 2) && C::smem() + C::static_smem() <= 227 * 1024;
+  bool fits = false;
+  if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) CK((row_pipe_fits_device<T, NV, NSLOT, NA>(fits)));
+  return fits;
 }
 template <class T, int NV, int NSLOT, int NA, bool BULK = false>
 void rpipe(const ScanProblem& p, void* scratch) {
