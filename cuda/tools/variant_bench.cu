@@ -23,6 +23,9 @@ size_t scratch_bytes_c64(const ScanProblem&) { return 0; }
 cudaError_t launch_f64(const ScanProblem&, void*, cudaStream_t) { return cudaErrorNotSupported; }
 cudaError_t launch_f16(const ScanProblem&, void*, cudaStream_t) { return cudaErrorNotSupported; }
 cudaError_t launch_c64(const ScanProblem&, void*, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t launched_algorithm_f64(const ScanProblem&, int&) { return cudaErrorNotSupported; }
+cudaError_t launched_algorithm_f16(const ScanProblem&, int&) { return cudaErrorNotSupported; }
+cudaError_t launched_algorithm_c64(const ScanProblem&, int&) { return cudaErrorNotSupported; }
 }  // namespace jss
 
 using namespace jss;
