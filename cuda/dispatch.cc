@@ -33,8 +33,10 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    131072 82% vs 68% (row_walk: 512 warps cannot keep enough loads in flight), 256 x 65536
   //    64% vs 64%; row_walk stays ahead from 1024 rows (1024 x 65536 91% vs 82%, 4096 x 16384
   //    88% vs 82%). make_plan falls back to lookback_regs without 16-byte vectors.
-  //  * 16-bit types, the same rows (section 12): row_pipe re-walking its 16-bit slot (measured
-  //    in section 12.1). 8-byte types keep row_stage.
+  //  * 16-bit types, the same rows (section 12.1): row_pipe re-walking its 16-bit slot, bf16 vs
+  //    row_stage: 1 x 2^26 70% vs 58%, 4 x 2^24 72% vs 58%, 64 x 2^20 71% vs 65%, 256 x 65536
+  //    50% vs 49%, 512 x 131072 70% vs 72% (the one loss, kept for a simple rule). 8-byte types
+  //    keep row_stage.
   if (p.inner == 1 && (elem_bytes == 4 || elem_bytes == 2) && p.outer < 1024 && p.L >= 65536 &&
       p.outer * p.L >= (int64_t(1) << 22))
     return kRowPipe;

@@ -19,9 +19,10 @@
 //   finisher   (4 warps) the tiles in claim order: a look-back window of 128 status words
 //                        (one per thread), the left fold from the nearest inclusive word,
 //                        the tile's inclusive prefix published; then fp32: h = carry o prefix
-//                        for every element; 16-bit: each thread re-walks whole runs from
-//                        carry o s_lex (h = a h + b), writing h over the slot; then the tile
-//                        stored in row order; frees the slot.
+//                        for every element, written to a staging region and sent by one bulk
+//                        copy (BULK; with a_prod stored directly); 16-bit: each thread re-walks
+//                        whole runs from carry o s_lex (h = a h + b), writing h over the slot,
+//                        then the tile stored in row order; frees the slot.
 // The finisher, whose latency per tile sets the rate (section 11: the first version, with
 // the scan in the finisher, ran slower than row_stage), does one FMA per element either way.
 // No deadlock, as for strided_pipe: an aggregate never waits, and the lowest tile without an
