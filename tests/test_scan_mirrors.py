@@ -1243,8 +1243,11 @@ def test_pipe_mirror():
 # rewalk=False: fp32, the slot scanned in place by the aggregators; rewalk=True: 16-bit types,
 # the aggregators leave the slot as landed and keep each run's tile-local exclusive prefix, and
 # finisher thread f re-walks the runs f, f + win, ... from the carry, writing h over the slot.
+# bulk=True (fp32): h leaves through the staging region (vector v of the tile at nval - 1 - v in
+# the reverse direction) and one copy of nval vectors to the tile's physical start (a_prod, which
+# the kernel does not take that path with, still by the per-vector stores).
 def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=8, swz_bits=0,
-                    broken=None, na=4, rewalk=False):
+                    broken=None, na=4, rewalk=False, bulk=False):
     outer, L, inner = a.shape
     assert inner == 1
     G = na
@@ -1446,6 +1449,18 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
             publish(tid, INC, comb(excl, bl.tot[bl.i_fin]))
         if rewalk:
             rewalk_runs(tid, (sa, sb), excl, bl.lex[bl.i_fin])
+        if bulk:
+            assert L % vec == 0 and not rewalk  # the kernel's 16-byte vectors; fp32 only
+            nval = min(nvt, (L - k * tile) // vec)
+            stg = np.full((nval, vec), np.nan)
+            for v in range(nval):
+                val = [comb(excl, (sa[swz(v), e], sb[swz(v), e]))[1] for e in range(vec)]
+                stg[nval - 1 - v if reverse and broken != "bulk_order" else v] = val
+            span = (nvt if broken == "bulk_start" else nval) * vec
+            idx = (L - k * tile - span if reverse else k * tile) + np.arange(nval * vec)
+            if idx.min() < 0 or idx.max() >= L:
+                raise IndexError("bulk copy outside the row")
+            h[chain, idx] = stg.ravel()
         for v in range(nvt):  # row order; the elements already at their physical places
             p0 = k * tile + v * vec
             if p0 >= L:
@@ -1453,10 +1468,13 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
             q0 = L - p0 - vec if reverse else p0
             for e in range(vec):
                 if rewalk:  # stored as re-walked
-                    h[chain, q0 + e], ap[chain, q0 + e] = sa[swz(v), e], sb[swz(v), e]
+                    hv, av = sa[swz(v), e], sb[swz(v), e]
                 else:
                     y = comb(excl, (sa[swz(v), e], sb[swz(v), e]))
-                    h[chain, q0 + e], ap[chain, q0 + e] = y[1], y[0]
+                    hv, av = y[1], y[0]
+                ap[chain, q0 + e] = av
+                if not bulk:
+                    h[chain, q0 + e] = hv
                 written[chain, q0 + e] += 1
         bl.freed.add(s)
         bl.i_fin += 1
@@ -1468,14 +1486,14 @@ def row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng, lag=
 
 
 def check_row_pipe(broken, reverse, shape=(2, 1500, 1), lanes=4, nv=4, vec=2, nslot=3, nblocks=6, seed=0, lag=8,
-                   swz_bits=2, na=4, rewalk=False):
+                   swz_bits=2, na=4, rewalk=False, bulk=False):
     rng = np.random.default_rng(seed)
     _, b = inputs(rng, shape)
     a = rng.uniform(0.97, 1.0, shape)  # a tile's product stays near 1: every carry matters
     h0 = rng.standard_normal((shape[0], 1))
     return strided_mirror_ok(lambda: row_pipe_mirror(a, b, h0, reverse, lanes, nv, vec, nslot, nblocks, rng,
                                                      lag=lag, swz_bits=swz_bits, broken=broken, na=na,
-                                                     rewalk=rewalk), a, b, h0, reverse)
+                                                     rewalk=rewalk, bulk=bulk), a, b, h0, reverse)
 
 
 def test_row_pipe_mirror():
@@ -1487,9 +1505,11 @@ def test_row_pipe_mirror():
         dirs = (True,) if bad == "no_reverse" else (False, True)
         assert not any(check_row_pipe(bad, rev, seed=s) for rev in dirs for s in range(2)), \
             f"broken variant {bad} not caught"
+    for bad in ("bulk_order", "bulk_start"):  # the bulk copy's placement (a partial last tile)
+        assert not check_row_pipe(bad, True, bulk=True), f"broken variant {bad} not caught"
     far = spins = 0
     for reverse in (False, True):
-        runs = [dict(seed=seed) for seed in range(3)] + [
+        runs = [dict(seed=seed) for seed in range(3)] + [dict(seed=8, bulk=True)] + [
             # one row of 61 tiles (a partial last one) on 8 blocks; 2 slots; 8 lanes, 1 vector of 4
             dict(shape=(1, 3900, 1), lanes=8, nv=1, vec=4, nslot=2, nblocks=8, seed=4, swz_bits=0),
             dict(shape=(5, 100, 1), lanes=2, nv=4, vec=4, nslot=4, nblocks=3, seed=5),
