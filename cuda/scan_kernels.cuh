@@ -2323,9 +2323,9 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
       if (err != cudaSuccess) return err;
       if (fits) return row_pipe_launch<T, TU::NV, TU::NSLOT, TU::NA, TU::BULK>(p, scratch, stream);
       // A GPU whose blocks cannot have the ring's 192 KB (fp32: 224 KB with the staging region
-      // of the bulk copies; an A100 has 163 KB): row_stage (64 KB),
-      // whose tile (8192 fp32 / 16384 16-bit elements) and one status word per tile are
-      // row_pipe's, so the scratch planned here holds its status words. Not run on such a GPU.
+      // of the bulk copies; an A100 has 163 KB): row_stage (64 KB), whose tile (8192 fp32 /
+      // 16384 16-bit elements) and one status word per tile are row_pipe's, so the scratch
+      // planned here holds its status words. Not run on such a GPU.
       static_assert(RowStageTune<T>::TILE == RowPipeTune<T>::TILE, "the fallback uses row_pipe's status words");
       ScanProblem q = p;
       q.algorithm = kRowStage;
