@@ -484,22 +484,13 @@ struct RowPipeGeom {
   size_t total() const { return 256 + Status<float>::bytes((size_t)ntiles); }
 };
 
-// Whether one block may have the ring (+ staging) and the kernel's static shared memory (asked
-// of the compiled kernel once: fp32 with its staging region is within 2 KB of the H200's
-// 227 KB, so no margin can stand in for it).
+// Whether one block may have the ring (+ staging) besides the kernel's static shared memory
+// (both directions' kernels declare the same shared variables).
 template <class T, int NV, int NSLOT, int NA, bool BULK = false>
 cudaError_t row_pipe_fits_device(bool& fits) {
   static std::atomic<int> cache[64];
-  static std::atomic<size_t> static_plus1{0};  // the kernel's static shared bytes + 1 (0: not asked)
-  size_t sp = static_plus1.load(std::memory_order_relaxed);
-  if (sp == 0) {
-    cudaFuncAttributes fa{};  // both directions' kernels declare the same shared variables
-    const cudaError_t err = cudaFuncGetAttributes(&fa, row_pipe_kernel<T, NV, NSLOT, NA, false, BULK>);
-    if (err != cudaSuccess) return err;
-    sp = fa.sharedSizeBytes + 1;
-    static_plus1.store(sp, std::memory_order_relaxed);
-  }
-  return smem_fits_device(RowPipeCfg<T, NV, NSLOT, NA>::smem(BULK) + sp - 1, cache, fits);
+  return smem_fits_device(row_pipe_kernel<T, NV, NSLOT, NA, false, BULK>, RowPipeCfg<T, NV, NSLOT, NA>::smem(BULK),
+                          cache, fits);
 }
 
 template <class T, int NV, int NSLOT, int NA, bool BULK = false>

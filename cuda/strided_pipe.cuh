@@ -452,9 +452,13 @@ bool pipe_legal(const ScanProblem& p) {
   return std::is_same<typename Elem<T>::S, float>::value && stage_legal<T>(p);
 }
 
-// Whether the current device lets one block have `need` bytes of shared memory (asked once
-// per device and cache; the H100 / H200 allow 227 KB, an A100 163 KB).
-inline cudaError_t smem_fits_device(size_t need, std::atomic<int> (&cache)[64], bool& fits) {
+// Whether the current device lets one block of `kernel` have `dynamic` bytes of shared memory
+// on top of the kernel's static shared memory (asked once per device and cache; the H100 / H200
+// allow 227 KB, an A100 163 KB). The static part is asked of the compiled kernel: row_pipe's
+// fp32 ring and staging region leave 2 KB, so no fixed margin can stand in for it (a 4 KB one
+// once sent it to its fallback on the H200: docs/PERFORMANCE_CUDA.md 12.2).
+template <class K>
+cudaError_t smem_fits_device(K kernel, size_t dynamic, std::atomic<int> (&cache)[64], bool& fits) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
@@ -463,7 +467,10 @@ inline cudaError_t smem_fits_device(size_t need, std::atomic<int> (&cache)[64], 
     int optin = 0;
     err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (err != cudaSuccess) return err;
-    v = (size_t)optin >= need ? 1 : 2;
+    cudaFuncAttributes fa{};
+    err = cudaFuncGetAttributes(&fa, kernel);
+    if (err != cudaSuccess) return err;
+    v = (size_t)optin >= dynamic + fa.sharedSizeBytes ? 1 : 2;
     cache[dev & 63].store(v, std::memory_order_relaxed);
   }
   fits = v == 1;
@@ -472,8 +479,13 @@ inline cudaError_t smem_fits_device(size_t need, std::atomic<int> (&cache)[64], 
 
 template <class T, int SPW, int NSLOT>
 cudaError_t pipe_fits_device(bool& fits) {
-  static std::atomic<int> cache[64];
-  return smem_fits_device(PipeCfg<T, SPW, NSLOT>::smem(), cache, fits);
+  if constexpr (!std::is_same<typename Elem<T>::S, float>::value) {
+    fits = false;  // make_plan never asks for it
+    return cudaSuccess;
+  } else {
+    static std::atomic<int> cache[64];
+    return smem_fits_device(strided_pipe_kernel<T, SPW, NSLOT>, PipeCfg<T, SPW, NSLOT>::smem(), cache, fits);
+  }
 }
 
 template <class T, int SPW, int NSLOT>
