@@ -95,14 +95,22 @@ __device__ __forceinline__ void role_sync(int id, int n) {
 // (physical order for the reverse direction), fence the generic-proxy writes for the async
 // proxy, and one thread issues the copy; before the next tile's h is written it waits until
 // the copy has read the region.
-__device__ __forceinline__ void fence_smem_to_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The package also builds sm_80 code (an A100), where these instructions do not exist; there
+// the ring does not fit a block, launch_t runs row_stage, and the traps are never reached.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define JSS_SM90_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define JSS_SM90_ASM(...) __trap()
+#endif
+__device__ __forceinline__ void fence_smem_to_async() { JSS_SM90_ASM("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void bulk_store(void* g, const void* s, unsigned bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(g), "r"(smem_u32(s)), "r"(bytes)
+  JSS_SM90_ASM("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(g), "r"(smem_u32(s)), "r"(bytes)
                : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  JSS_SM90_ASM("cp.async.bulk.commit_group;" ::: "memory");
 }
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { JSS_SM90_ASM("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { JSS_SM90_ASM("cp.async.bulk.wait_group 0;" ::: "memory"); }
+#undef JSS_SM90_ASM
 
 // A slot's 16-byte vector as VEC state values, and back.
 template <class T>
