@@ -1634,14 +1634,14 @@ __device__ __forceinline__ Pair<S> ldcg_pair(const Pair<S>* p) {
 // staged layout: per step, the 32 lanes' 16-byte vectors of a, then those of b (64 uint4); a
 // lane reads only its own vectors. staged_fold: the fold of the first n <= SPW steps, per
 // channel of the lane, into x (from the identity).
-template <class T, int SPW>
+template <class T, int SPW, int UNR = SPW>
 __device__ __forceinline__ void staged_fold(const uint4* st, int n, int lane,
                                             Pair<typename Elem<T>::S> (&x)[Vec16<T>::N]) {
   using E = Elem<T>;
   using S = typename E::S;
 #pragma unroll
   for (int e = 0; e < Vec16<T>::N; ++e) x[e] = identity<S>();
-#pragma unroll
+#pragma unroll UNR
   for (int i = 0; i < SPW; ++i) {
     if (i < n) {
       Vec16<T> va, vb;
@@ -1654,14 +1654,15 @@ __device__ __forceinline__ void staged_fold(const uint4* st, int n, int lane,
 }
 
 // staged_walk: the same steps again from the prefix c (per channel), storing h at ph (and the
-// running product at pp unless null), the pointers moving by `step` elements per step.
-template <class T, int SPW>
+// running product at pp unless null), the pointers moving by `step` elements per step. UNR:
+// the steps unrolled at a time (both: all of them unless asked).
+template <class T, int SPW, int UNR = SPW>
 __device__ __forceinline__ void staged_walk(const uint4* st, int n, int lane, int64_t step,
                                             Pair<typename Elem<T>::S> (&c)[Vec16<T>::N], T* ph, T* pp) {
   using E = Elem<T>;
   constexpr int V = Vec16<T>::N;
   if (pp) {
-#pragma unroll
+#pragma unroll UNR
     for (int i = 0; i < SPW; ++i) {
       if (i < n) {
         Vec16<T> va, vb, vh, vp;
@@ -1685,7 +1686,8 @@ __device__ __forceinline__ void staged_walk(const uint4* st, int n, int lane, in
   // loads go two steps ahead of their stores (one after the other, each step's loads would
   // wait behind the last step's store).
   constexpr int BJ = SPW % 2 == 0 ? 2 : 1;
-#pragma unroll
+  constexpr int UB = UNR / BJ > 0 ? UNR / BJ : 1;
+#pragma unroll UB
   for (int i0 = 0; i0 < SPW; i0 += BJ) {
     Vec16<T> va[BJ], vb[BJ];
 #pragma unroll

@@ -19,10 +19,6 @@
 //   finisher   (4 warps) the tiles in claim order: look back, publish the inclusive prefix,
 //                        walk the slot again with the carry and store h; frees the slot
 //                        (`empty` mbarrier).
-//   writer     (4 warps, only with WR) the walk and the stores taken off the finishers: they
-//                        hand each tile's exclusive prefixes over (`ready` mbarrier) and look
-//                        back for the next tile while the writers walk this one and free the
-//                        slot (section 13 of docs/PERFORMANCE_CUDA.md).
 // A tile's aggregate depends only on its own loads, and the producer keeps loads in flight
 // while the finisher looks back. No deadlock: the lowest tile without an inclusive prefix has
 // every predecessor inclusive, and its block's finisher reaches it (that block's earlier
@@ -45,18 +41,19 @@
 //   scanned[s] 1 arrival: aggregator thread 0 after the role's named barrier (s_agg[s]; the
 //              aggregators' reads of the slot and of s_ids[s] are done), waited for by the
 //              finishers and by the producer before the refill;
-//   empty[s]   128 arrivals: every finisher (WR: writer) thread after its last read of slot s
-//              (waited for by the producer before the refill, and by the aggregators before
-//              they rewrite s_agg[s]);
-//   ready[s]   (WR) 1 arrival: finisher thread 0 after the role's named barrier (s_excl[s]
-//              written), waited for by the writers.
+//   empty[s]   128 arrivals: every finisher thread after its last read of slot s (waited for
+//              by the producer before the refill, and by the aggregators before they rewrite
+//              s_agg[s]).
 // The u-th use of slot s (u = i / NSLOT for the block's i-th tile) waits for phase parity
 // u & 1 of full / scanned, and the producer's refill for parity (u - 1) & 1 of empty (a phase
 // never completes twice ahead of its waiter: each refill waits for the last use's empty).
 // The finisher's exclusive prefixes in shared memory are double buffered by tile parity: a
 // finisher thread reaches tile i+2's named barrier only after every finisher thread has passed
-// tile i+1's, so after it finished reading tile i's. With writers they are kept per slot: the
-// finishers rewrite s_excl[s] only after the refill of slot s, which waited for the writers.
+// tile i+1's, so after it finished reading tile i's.
+//
+// Code size: the three roles run different code on every SM sub-partition at once, so the
+// loops over a tile's steps are unrolled UNR steps at a time, not wholly (fully unrolled, the
+// kernel's hot code overflowed the instruction cache: section 13 of docs/PERFORMANCE_CUDA.md).
 #pragma once
 
 namespace jss {
@@ -65,23 +62,20 @@ constexpr int PIPE_GROUP = 4;   // warps per role (aggregators, finishers)
 constexpr int PIPE_FIRST = 2;   // the look-back's first read: the nearest words
 constexpr int PIPE_WINDOW = 8;  // its later reads, all words loaded at once (per thread)
 
-template <class T, int SPW, int NSLOT, bool WR = false>
+template <class T, int SPW, int NSLOT>
 struct PipeCfg {
   using S = typename Elem<T>::S;
   static constexpr int V = StageCfg<T>::V;
   static constexpr int CW = StageCfg<T>::CW;
   static constexpr int LC = PIPE_GROUP * SPW;
-  static constexpr int GROUPS = WR ? 3 : 2;  // aggregators, finishers (, writers)
-  static constexpr int THREADS = (GROUPS * PIPE_GROUP + 1) * 32;
-  static constexpr int PRODUCER = GROUPS * PIPE_GROUP;  // the producer's warp
+  static constexpr int THREADS = (2 * PIPE_GROUP + 1) * 32;
+  static constexpr int PRODUCER = 2 * PIPE_GROUP;  // the producer's warp
   static constexpr int PER = (CW + PIPE_GROUP * 32 - 1) / (PIPE_GROUP * 32);  // channels per role thread
-  static constexpr int NEXCL = WR ? NSLOT : 2;  // exclusive prefixes: per slot (writers) or by parity
-  static constexpr int NBAR = WR ? 4 : 3;       // mbarriers per slot
   static constexpr size_t slot_bytes = size_t(LC) * 2 * 32 * 16;
   static constexpr size_t agg_bytes = size_t(PIPE_GROUP) * CW * sizeof(Pair<S>);
-  // slots, s_agg per slot, s_excl, mbarriers, ids per slot
+  // slots, s_agg per slot, s_excl x 2, mbarriers (3 per slot), ids per slot
   static constexpr size_t smem() {
-    return NSLOT * (slot_bytes + agg_bytes) + NEXCL * CW * sizeof(Pair<S>) + NBAR * NSLOT * 8 + NSLOT * 4;
+    return NSLOT * (slot_bytes + agg_bytes) + 2 * CW * sizeof(Pair<S>) + 3 * NSLOT * 8 + NSLOT * 4;
   }
   static_assert(NSLOT >= 2, "the aggregators' next slot must not be the one being read");
 };
@@ -227,9 +221,9 @@ __device__ Pair<float> lookback_finish(const Status<float>& st, int64_t k, const
   return acc;
 }
 
-template <class T, int SPW, int NSLOT, bool WR>
-__global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, WR>::THREADS, 1) strided_pipe_kernel(Dev d) {
-  using C = PipeCfg<T, SPW, NSLOT, WR>;
+template <class T, int SPW, int NSLOT, int UNR>
+__global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pipe_kernel(Dev d) {
+  using C = PipeCfg<T, SPW, NSLOT>;
   using E = Elem<T>;
   using P = Pair<float>;
   static_assert(std::is_same<typename E::S, float>::value, "packed status words: float state only");
@@ -238,13 +232,12 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, WR>::THREADS, 1) stride
   extern __shared__ uint4 smem_pipe[];
   uint4* s_slot = smem_pipe;                                                          // [NSLOT][LC][2][32]
   P* s_agg = reinterpret_cast<P*>(reinterpret_cast<char*>(smem_pipe) + NSLOT * C::slot_bytes);  // [NSLOT][4][CW]
-  P* s_excl = s_agg + NSLOT * PIPE_GROUP * CW;                                        // [NEXCL][CW]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(s_excl + C::NEXCL * CW);               // full, scanned, empty, ready
+  P* s_excl = s_agg + NSLOT * PIPE_GROUP * CW;                                        // [2][CW]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(s_excl + 2 * CW);                      // full, scanned, empty
   uint64_t* full = bars;
   uint64_t* scanned = bars + NSLOT;
   uint64_t* empty = bars + 2 * NSLOT;
-  uint64_t* ready = bars + 3 * NSLOT;  // writers only
-  unsigned* s_ids = reinterpret_cast<unsigned*>(bars + C::NBAR * NSLOT);
+  unsigned* s_ids = reinterpret_cast<unsigned*>(bars + 3 * NSLOT);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t L = d.L, inner = d.inner, nchains = d.nchains;
@@ -257,7 +250,6 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, WR>::THREADS, 1) stride
       mbar_init(full + s, 33);
       mbar_init(scanned + s, 1);
       mbar_init(empty + s, GT);
-      if (WR) mbar_init(ready + s, 1);
     }
   }
   __syncthreads();
@@ -299,7 +291,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, WR>::THREADS, 1) stride
       if (lane == 0) s_ids[s] = id;  // >= ntiles: the end marker
       if (id < ntiles) {
         uint4* dst = s_slot + (size_t)s * LC * 64;
-#pragma unroll
+#pragma unroll 1
         for (int w = 0; w < PIPE_GROUP; ++w) {
           int n;
           bool active;
@@ -307,7 +299,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, WR>::THREADS, 1) stride
           if (active) {
             const T* pa = A + off;
             const T* pb = B + off;
-#pragma unroll
+#pragma unroll UNR
             for (int j = 0; j < SPW; ++j) {
               if (j < n) {
                 cp_async<16>(dst + (w * SPW + j) * 64 + lane, pa);
@@ -344,7 +336,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, WR>::THREADS, 1) stride
       bool active;
       first_off(cur, (int64_t)w * SPW, n, active);
       P x[V];
-      staged_fold<T, SPW>(s_slot + ((size_t)s * LC + w * SPW) * 64, active ? n : 0, lane, x);
+      staged_fold<T, SPW, UNR>(s_slot + ((size_t)s * LC + w * SPW) * 64, active ? n : 0, lane, x);
       P* sa = s_agg + (size_t)s * PIPE_GROUP * CW;
       // The finishers' reads of this slot's last aggregates came before the producer's refill,
       // so this wait returns at once; it states the order directly (racecheck does not follow
@@ -375,52 +367,10 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, WR>::THREADS, 1) stride
     return;
   }
 
-  // The second walk of a tile (prefix = excl o the earlier warps' aggregates, then the steps,
-  // storing h): by the finishers themselves, or (WR) by the writers while the finishers look
-  // back for the next tile.
-  T* H = static_cast<T*>(d.h);
-  T* AP = static_cast<T*>(d.aprod);
-  auto walk_tile = [&](int s, unsigned cur, int w, const P* ex) {
-    const P* sa = s_agg + (size_t)s * PIPE_GROUP * CW;
-    int n;
-    bool active;
-    const int64_t off = first_off(cur, (int64_t)w * SPW, n, active);
-    if (active && n > 0) {
-      const uint4* src = s_slot + ((size_t)s * LC + w * SPW) * 64;
-      P cv[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const int ch = lane * V + e;
-        P acc = ex[ch];
-#pragma unroll
-        for (int q = 0; q < PIPE_GROUP; ++q)
-          if (q < w) acc = combine(acc, sa[q * CW + ch]);
-        cv[e] = acc;
-      }
-      staged_walk<T, SPW>(src, n, lane, step, cv, H + off, AP ? AP + off : nullptr);
-    }
-  };
-
-  if (WR && warp >= 2 * PIPE_GROUP) {  // ---- writers (WR): the walk, tile by tile
-    const int w = warp - 2 * PIPE_GROUP;
-    for (int i = 0;; ++i) {
-      const int s = i % NSLOT;
-      JSS_PIPE_CLOCK(t0);
-      mbar_wait(ready + s, (i / NSLOT) & 1);
-      group_sync(3);  // (for racecheck, as the finishers' below)
-      JSS_PIPE_CLOCK(t1);
-      if (tid == 2 * GT) JSS_PIPE_STAT(5, t1 - t0);
-      const unsigned cur = s_ids[s];
-      if (cur >= ntiles) break;
-      walk_tile(s, cur, w, s_excl + (size_t)s * CW);
-      mbar_arrive(empty + s);
-      if (tid == 2 * GT) JSS_PIPE_STAT(6, clock64() - t1);
-    }
-    return;
-  }
-
   // ---- finishers
   const int w = warp - PIPE_GROUP, ftid = tid - GT;
+  T* H = static_cast<T*>(d.h);
+  T* AP = static_cast<T*>(d.aprod);
   bool wide[PER];  // per channel: its last look-back went past the nearest words
 #pragma unroll
   for (int m = 0; m < PER; ++m) wide[m] = false;
@@ -428,22 +378,16 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, WR>::THREADS, 1) stride
     const int s = i % NSLOT, par = i & 1;
     JSS_PIPE_CLOCK(t0);
     mbar_wait(scanned + s, (i / NSLOT) & 1);
-    // WR: the writers' reads of s_excl[s] (the last use of slot s) came before the refill, so
-    // this returns at once; stated directly for racecheck, as the aggregators' wait above
-    if (WR && i >= NSLOT) mbar_wait(empty + s, ((i / NSLOT) - 1) & 1);
     // (not needed by the protocol: every thread has waited itself; with it, compute-sanitizer's
     // racecheck also sees the aggregators' s_agg writes ordered before the reads below)
     group_sync(2);
     JSS_PIPE_CLOCK(t1);
     if (ftid == 0) JSS_PIPE_STAT(3, t1 - t0);
     const unsigned cur = s_ids[s];
-    if (cur >= ntiles) {
-      if (WR && ftid == 0) mbar_arrive(ready + s);  // the end marker, passed on
-      break;
-    }
+    if (cur >= ntiles) break;
     const int64_t chain = cur % nchains, k = cur / nchains;
     const P* sa = s_agg + (size_t)s * PIPE_GROUP * CW;
-    P* ex = s_excl + (size_t)(WR ? s : par) * CW;
+    P* ex = s_excl + par * CW;
     // 1. the exclusive prefix of each channel (look-back), published inclusive; the first
     // reads of all of this thread's channels issued together
     if (k == 0) {
@@ -478,15 +422,24 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, WR>::THREADS, 1) stride
     group_sync(2);
     JSS_PIPE_CLOCK(t2);
     if (ftid == 0) JSS_PIPE_STAT(4, t2 - t1);
-    if (WR) {  // 2. handed to the writers
-      if (ftid == 0) {
-        mbar_arrive(ready + s);
-        JSS_PIPE_STAT(0, 1);
+    // 2. the second walk: prefix = excl o (earlier warps' aggregates), then the steps
+    int n;
+    bool active;
+    const int64_t off = first_off(cur, (int64_t)w * SPW, n, active);
+    if (active && n > 0) {
+      const uint4* src = s_slot + ((size_t)s * LC + w * SPW) * 64;
+      P cv[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const int ch = lane * V + e;
+        P acc = ex[ch];
+#pragma unroll
+        for (int q = 0; q < PIPE_GROUP; ++q)
+          if (q < w) acc = combine(acc, sa[q * CW + ch]);
+        cv[e] = acc;
       }
-      continue;
+      staged_walk<T, SPW, UNR>(src, n, lane, step, cv, H + off, AP ? AP + off : nullptr);
     }
-    // 2. the second walk
-    walk_tile(s, cur, w, ex);
     mbar_arrive(empty + s);
     if (ftid == 0) {
       JSS_PIPE_STAT(6, clock64() - t2);
@@ -544,27 +497,26 @@ cudaError_t smem_fits_device(K kernel, size_t dynamic, std::atomic<int> (&cache)
   return cudaSuccess;
 }
 
-template <class T, int SPW, int NSLOT, bool WR = false>
+template <class T, int SPW, int NSLOT, int UNR = SPW>
 cudaError_t pipe_fits_device(bool& fits) {
   if constexpr (!std::is_same<typename Elem<T>::S, float>::value) {
     fits = false;  // make_plan never asks for it
     return cudaSuccess;
   } else {
     static std::atomic<int> cache[64];
-    return smem_fits_device(strided_pipe_kernel<T, SPW, NSLOT, WR>, PipeCfg<T, SPW, NSLOT, WR>::smem(), cache,
-                            fits);
+    return smem_fits_device(strided_pipe_kernel<T, SPW, NSLOT, UNR>, PipeCfg<T, SPW, NSLOT>::smem(), cache, fits);
   }
 }
 
-template <class T, int SPW, int NSLOT, bool WR = false>
+template <class T, int SPW, int NSLOT, int UNR = SPW>
 cudaError_t pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   if constexpr (!std::is_same<typename Elem<T>::S, float>::value) {
     return cudaErrorInvalidValue;  // make_plan never asks for it
   } else {
-    using C = PipeCfg<T, SPW, NSLOT, WR>;
+    using C = PipeCfg<T, SPW, NSLOT>;
     const PipeGeom<T, SPW> g(p);
     if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
-    auto kernel = strided_pipe_kernel<T, SPW, NSLOT, WR>;
+    auto kernel = strided_pipe_kernel<T, SPW, NSLOT, UNR>;
     static std::atomic<int> resident[64];
     int res = 0;
     cudaError_t err = resident_blocks(kernel, C::THREADS, C::smem(), resident, res);

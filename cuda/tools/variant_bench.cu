@@ -161,15 +161,15 @@ void stage(const ScanProblem& p, void* scratch) {
 
 // strided_pipe at another geometry: SPW steps per warp (LC = 4 x SPW), NSLOT ring slots;
 // false (not run) where its shared memory does not fit one block
-template <class T, int SPW, int NSLOT, bool WR = false>
+template <class T, int SPW, int NSLOT, int UNR = SPW>
 bool pipe_fits() {
   bool fits = false;
-  CK((pipe_fits_device<T, SPW, NSLOT, WR>(fits)));
+  CK((pipe_fits_device<T, SPW, NSLOT, UNR>(fits)));
   return fits;
 }
-template <class T, int SPW, int NSLOT, bool WR = false>
+template <class T, int SPW, int NSLOT, int UNR = SPW>
 void pipe(const ScanProblem& p, void* scratch) {
-  CK((pipe_launch<T, SPW, NSLOT, WR>(p, scratch, 0)));
+  CK((pipe_launch<T, SPW, NSLOT, UNR>(p, scratch, 0)));
 }
 // row_pipe at another geometry: NA aggregator warps, NV 16-byte vectors per aggregator lane,
 // NSLOT ring slots
@@ -197,11 +197,11 @@ static void pipe_stats(const std::string& name, const std::function<void()>& f, 
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpyFromSymbol(v, g_pipe_stats, sizeof(v)));
   const double n = v[0] ? (double)v[0] : 1, nc = n * cw;
-  std::printf("   stats %-12s tiles %llu | fin wait %.0f lookback %.0f walk %.0f (writers' wait %.0f) | "
-              "producer wait %.0f | agg wait %.0f work %.0f cycles | per channel: past the first words %.3f, "
-              "spins %.3f, windows back %.3f\n",
-              name.c_str(), v[0], v[3] / n, v[4] / n, v[6] / n, v[5] / n, v[7] / n, v[9] / n, v[10] / n,
-              v[13] / nc, v[12] / nc, v[2] / nc);
+  std::printf("   stats %-12s tiles %llu | fin wait %.0f lookback %.0f walk %.0f | producer wait %.0f | "
+              "agg wait %.0f work %.0f cycles | per channel: past the first words %.3f, spins %.3f, "
+              "windows back %.3f\n",
+              name.c_str(), v[0], v[3] / n, v[4] / n, v[6] / n, v[7] / n, v[9] / n, v[10] / n, v[13] / nc,
+              v[12] / nc, v[2] / nc);
 }
 #endif
 
@@ -295,12 +295,13 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
   if (pipe_fits<T, SPW, NSLOT>()) vs.push_back({"pipe_s" #SPW "_n" #NSLOT, [&] { pipe<T, SPW, NSLOT>(p, scratch); }});
     JSS_PIPE(16, 3) JSS_PIPE(16, 2) JSS_PIPE(12, 4) JSS_PIPE(8, 6)
 #undef JSS_PIPE
-    // session 13 (section 13): a fourth role, the writers, takes the walk off the finishers
-#define JSS_PIPE_WR(SPW, NSLOT)             \
-  if (pipe_fits<T, SPW, NSLOT, true>())     \
-    vs.push_back({"pipe_s" #SPW "_n" #NSLOT "_wr", [&] { pipe<T, SPW, NSLOT, true>(p, scratch); }});
-    JSS_PIPE_WR(16, 3) JSS_PIPE_WR(12, 4) JSS_PIPE_WR(8, 6)
-#undef JSS_PIPE_WR
+    // session 13 (section 13): the steps unrolled UNR at a time (the writers role measured
+    // there is refuted and gone)
+#define JSS_PIPE_U(SPW, NSLOT, UNR)            \
+  if (pipe_fits<T, SPW, NSLOT, UNR>())         \
+    vs.push_back({"pipe_s" #SPW "_n" #NSLOT "_u" #UNR, [&] { pipe<T, SPW, NSLOT, UNR>(p, scratch); }});
+    JSS_PIPE_U(16, 3, 8) JSS_PIPE_U(16, 3, 4) JSS_PIPE_U(16, 3, 2) JSS_PIPE_U(16, 2, 4)
+#undef JSS_PIPE_U
   }
   if (std::getenv("VB_PIPE_ONLY")) {  // only auto, lookback_regs and the pipeline variants
     std::vector<std::pair<std::string, std::function<void()>>> keep;
@@ -379,8 +380,12 @@ int main(int argc, char** argv) {
               {"(2048, 32, 1024) ax1", 2048, 32, 1024}};
   if (ncu) shapes = {{"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024}};
   if (ncu && std::getenv("VB_ROWS")) shapes = {{"256 x 65536", 256, 65536, 1}};
-  for (auto& s : shapes) run_shape<float>(s, copy, ncu);
-  if (!ncu)
+  if (ncu && std::getenv("VB_NCU_LONG_ROW")) shapes = {{"1 x 2^26", 1, 1 << 26, 1}};
+  // ncu: fp32 only, or bf16 only with VB_NCU_BF16
+  const bool ncu_bf16 = ncu && std::getenv("VB_NCU_BF16");
+  if (!ncu_bf16)
+    for (auto& s : shapes) run_shape<float>(s, copy, ncu);
+  if (!ncu || ncu_bf16)
     for (auto& s : shapes) run_shape<__nv_bfloat16>(s, copy, ncu);
   return 0;
 }
