@@ -2045,11 +2045,14 @@ struct RowPipeTune {
 };
 
 // strided_pipe's geometry: steps per warp (LC = 4 x SPW) and ring slots, at most 227 KB of
-// shared memory for every dtype (docs/PERFORMANCE_CUDA.md section 10; the variant bench
-// times others)
+// shared memory for every dtype (docs/PERFORMANCE_CUDA.md section 10), and the steps unrolled
+// at a time in the fold (UF) and the walk (UW): 16-bit types walk 4 at a time, whose fully
+// unrolled walk (8 channels a lane) overflowed the instruction cache (section 13); the variant
+// bench times others.
 template <class T>
 struct PipeTune {
   static constexpr int SPW = 16, NSLOT = 3;
+  static constexpr int UF = SPW, UW = sizeof(T) == 2 ? 4 : SPW;
 };
 
 // row_rounds host side, for any geometry (the variant bench launches several; the package
@@ -2277,7 +2280,8 @@ cudaError_t launched_algorithm_t(const ScanProblem& p, int& algo) {
   bool fits = true;
   cudaError_t err = cudaSuccess;
   if (algo == kStridedPipe) {
-    err = pipe_fits_device<T, PipeTune<T>::SPW, PipeTune<T>::NSLOT>(fits);
+    using TU = PipeTune<T>;
+    err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW>(fits);
     if (!fits) algo = kLookbackRegs;
   }
   if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
@@ -2304,9 +2308,9 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   if (pl.algo == kStridedPipe) {
     using TU = PipeTune<T>;
     bool fits = false;
-    const cudaError_t err = pipe_fits_device<T, TU::SPW, TU::NSLOT>(fits);
+    const cudaError_t err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW>(fits);
     if (err != cudaSuccess) return err;
-    if (fits) return pipe_launch<T, TU::SPW, TU::NSLOT>(p, scratch, stream);
+    if (fits) return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW>(p, scratch, stream);
     // A GPU with less shared memory per block than the ring needs (an A100 has 163 KB): the
     // strided lookback_regs kernel. Its status words fit the scratch planned for the pipe (one
     // 16-byte word per channel and 64-step chunk, over at most as many channels: 128-channel

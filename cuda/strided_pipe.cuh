@@ -51,9 +51,10 @@
 // finisher thread reaches tile i+2's named barrier only after every finisher thread has passed
 // tile i+1's, so after it finished reading tile i's.
 //
-// Code size: the three roles run different code on every SM sub-partition at once, so the
-// loops over a tile's steps are unrolled UNR steps at a time, not wholly (fully unrolled, the
-// kernel's hot code overflowed the instruction cache: section 13 of docs/PERFORMANCE_CUDA.md).
+// Code size: the three roles run different code on every SM sub-partition at once; UF (the
+// aggregators' fold and the producer's copies) and UW (the finishers' walk) unroll the loops
+// over a tile's steps that many steps at a time (fully unrolled, the bf16 kernel's hot code
+// overflows the instruction cache: section 13 of docs/PERFORMANCE_CUDA.md).
 #pragma once
 
 namespace jss {
@@ -221,7 +222,7 @@ __device__ Pair<float> lookback_finish(const Status<float>& st, int64_t k, const
   return acc;
 }
 
-template <class T, int SPW, int NSLOT, int UNR>
+template <class T, int SPW, int NSLOT, int UF, int UW>
 __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pipe_kernel(Dev d) {
   using C = PipeCfg<T, SPW, NSLOT>;
   using E = Elem<T>;
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
           if (active) {
             const T* pa = A + off;
             const T* pb = B + off;
-#pragma unroll UNR
+#pragma unroll UF
             for (int j = 0; j < SPW; ++j) {
               if (j < n) {
                 cp_async<16>(dst + (w * SPW + j) * 64 + lane, pa);
@@ -336,7 +337,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
       bool active;
       first_off(cur, (int64_t)w * SPW, n, active);
       P x[V];
-      staged_fold<T, SPW, UNR>(s_slot + ((size_t)s * LC + w * SPW) * 64, active ? n : 0, lane, x);
+      staged_fold<T, SPW, UF>(s_slot + ((size_t)s * LC + w * SPW) * 64, active ? n : 0, lane, x);
       P* sa = s_agg + (size_t)s * PIPE_GROUP * CW;
       // The finishers' reads of this slot's last aggregates came before the producer's refill,
       // so this wait returns at once; it states the order directly (racecheck does not follow
@@ -438,7 +439,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
           if (q < w) acc = combine(acc, sa[q * CW + ch]);
         cv[e] = acc;
       }
-      staged_walk<T, SPW, UNR>(src, n, lane, step, cv, H + off, AP ? AP + off : nullptr);
+      staged_walk<T, SPW, UW>(src, n, lane, step, cv, H + off, AP ? AP + off : nullptr);
     }
     mbar_arrive(empty + s);
     if (ftid == 0) {
@@ -497,18 +498,18 @@ cudaError_t smem_fits_device(K kernel, size_t dynamic, std::atomic<int> (&cache)
   return cudaSuccess;
 }
 
-template <class T, int SPW, int NSLOT, int UNR = SPW>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
 cudaError_t pipe_fits_device(bool& fits) {
   if constexpr (!std::is_same<typename Elem<T>::S, float>::value) {
     fits = false;  // make_plan never asks for it
     return cudaSuccess;
   } else {
     static std::atomic<int> cache[64];
-    return smem_fits_device(strided_pipe_kernel<T, SPW, NSLOT, UNR>, PipeCfg<T, SPW, NSLOT>::smem(), cache, fits);
+    return smem_fits_device(strided_pipe_kernel<T, SPW, NSLOT, UF, UW>, PipeCfg<T, SPW, NSLOT>::smem(), cache, fits);
   }
 }
 
-template <class T, int SPW, int NSLOT, int UNR = SPW>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
 cudaError_t pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   if constexpr (!std::is_same<typename Elem<T>::S, float>::value) {
     return cudaErrorInvalidValue;  // make_plan never asks for it
@@ -516,7 +517,7 @@ cudaError_t pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t stream
     using C = PipeCfg<T, SPW, NSLOT>;
     const PipeGeom<T, SPW> g(p);
     if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
-    auto kernel = strided_pipe_kernel<T, SPW, NSLOT, UNR>;
+    auto kernel = strided_pipe_kernel<T, SPW, NSLOT, UF, UW>;
     static std::atomic<int> resident[64];
     int res = 0;
     cudaError_t err = resident_blocks(kernel, C::THREADS, C::smem(), resident, res);

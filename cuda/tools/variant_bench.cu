@@ -161,15 +161,15 @@ void stage(const ScanProblem& p, void* scratch) {
 
 // strided_pipe at another geometry: SPW steps per warp (LC = 4 x SPW), NSLOT ring slots;
 // false (not run) where its shared memory does not fit one block
-template <class T, int SPW, int NSLOT, int UNR = SPW>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
 bool pipe_fits() {
   bool fits = false;
-  CK((pipe_fits_device<T, SPW, NSLOT, UNR>(fits)));
+  CK((pipe_fits_device<T, SPW, NSLOT, UF, UW>(fits)));
   return fits;
 }
-template <class T, int SPW, int NSLOT, int UNR = SPW>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
 void pipe(const ScanProblem& p, void* scratch) {
-  CK((pipe_launch<T, SPW, NSLOT, UNR>(p, scratch, 0)));
+  CK((pipe_launch<T, SPW, NSLOT, UF, UW>(p, scratch, 0)));
 }
 // row_pipe at another geometry: NA aggregator warps, NV 16-byte vectors per aggregator lane,
 // NSLOT ring slots
@@ -295,12 +295,13 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
   if (pipe_fits<T, SPW, NSLOT>()) vs.push_back({"pipe_s" #SPW "_n" #NSLOT, [&] { pipe<T, SPW, NSLOT>(p, scratch); }});
     JSS_PIPE(16, 3) JSS_PIPE(16, 2) JSS_PIPE(12, 4) JSS_PIPE(8, 6)
 #undef JSS_PIPE
-    // session 13 (section 13): the steps unrolled UNR at a time (the writers role measured
-    // there is refuted and gone)
-#define JSS_PIPE_U(SPW, NSLOT, UNR)            \
-  if (pipe_fits<T, SPW, NSLOT, UNR>())         \
-    vs.push_back({"pipe_s" #SPW "_n" #NSLOT "_u" #UNR, [&] { pipe<T, SPW, NSLOT, UNR>(p, scratch); }});
-    JSS_PIPE_U(16, 3, 8) JSS_PIPE_U(16, 3, 4) JSS_PIPE_U(16, 3, 2) JSS_PIPE_U(16, 2, 4)
+    // session 13 (section 13): the fold (and the copies) unrolled UF steps at a time, the walk
+    // UW (the writers role measured there is refuted and gone)
+#define JSS_PIPE_U(SPW, NSLOT, UF, UW)                                                  \
+  if (pipe_fits<T, SPW, NSLOT, UF, UW>())                                               \
+    vs.push_back({"pipe_s" #SPW "_n" #NSLOT "_f" #UF "w" #UW, [&] { pipe<T, SPW, NSLOT, UF, UW>(p, scratch); }});
+    JSS_PIPE_U(16, 3, 8, 8) JSS_PIPE_U(16, 3, 4, 4) JSS_PIPE_U(16, 3, 16, 4) JSS_PIPE_U(16, 3, 4, 16)
+    JSS_PIPE_U(16, 3, 16, 8) JSS_PIPE_U(16, 3, 8, 16)
 #undef JSS_PIPE_U
   }
   if (std::getenv("VB_PIPE_ONLY")) {  // only auto, lookback_regs and the pipeline variants
