@@ -9,7 +9,10 @@
 GB/s count 12 bytes per fp32 element (read a, b; write h) and 6 per bf16 element.
 Timing: a jitted chain of R dependent calls (the output feeds the next call's b), wall
 clock with block_until_ready, median of 5, minus the measured dispatch time of a trivial
-jitted call, divided by R. Writes JSON and Markdown (date, GPU, commit, command).
+jitted call, divided by R. R makes a chain of ours last about --chain-ms (20 ms by default;
+3 ms before session 13, when the 85-190 us of dispatch and synchronisation that varies from
+run to run moved the results by several points). Writes JSON and Markdown (date, GPU,
+commit, command).
 
     python benchmarks/gpu_linear_scan.py --out DIR [--cub PATH] [--quick] [--algos auto,lookback_regs]
 """
@@ -119,6 +122,7 @@ def main():
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--algos", default=None, help="comma-separated subset of the algorithms (default: all)")
     ap.add_argument("--shapes", default=None, help="only the shapes whose name contains this")
+    ap.add_argument("--chain-ms", type=float, default=20.0, help="target length of a chain of our calls")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dev = jax.devices()[0]
@@ -133,6 +137,7 @@ def main():
     z = jnp.zeros(8)
     overhead = timeit(tiny, (z,), 1, 0.0)
     meta["dispatch_overhead_us"] = overhead * 1e6
+    meta["chain_ms"] = args.chain_ms
     rows = []
     shapes = SHAPES[:3] + SHAPES[5:6] if args.quick else SHAPES
     if args.shapes:
@@ -148,7 +153,7 @@ def main():
             b = jax.random.normal(k2, shape, jnp.float32).astype(dtype)
             h0 = jnp.zeros(shape[:axis] + shape[axis + 1:], dtype)
             est = n * bpe / 4e12
-            reps = int(np.clip(np.ceil(3e-3 / est), 3, 64))
+            reps = int(np.clip(np.ceil(args.chain_ms * 1e-3 / est), 3, 256))
             res = {}
             algos = ALGOS if not args.quick else ("auto", "lookback_regs", "three_pass")
             if args.algos:
@@ -159,7 +164,7 @@ def main():
                     res[algo] = timeit(chain(step, reps), (a, b, h0), reps, overhead)
                 except Exception as e:  # pragma: no cover
                     print(f"  {algo} failed: {e}", flush=True)
-            lreps = max(1, reps // 4)
+            lreps = int(np.clip(reps // 4, 1, 16))  # lax's chains: compile time grows with their length
             res["lax.associative_scan"] = timeit(chain(lax_step(axis), lreps), (a, b, h0), lreps, overhead)
             if args.cub and axis == len(shape) - 1:
                 res["cub"] = run_cub(args.cub, n // shape[-1], shape[-1], dname)
