@@ -96,14 +96,7 @@ __device__ unsigned long long g_pipe_stats[16];
   } while (0)
 #endif
 
-// mbarrier primitives (sm_80+; try_wait on sm_90, test_wait before). On sm_90 a waiting
-// thread sleeps in try_wait until the phase completes or JSS_MBAR_SUSPEND_NS have passed;
-// without the hint it came back after a short system time limit, and the spin loops of the
-// waiting roles were a quarter of all instructions issued (docs/PERFORMANCE_CUDA.md 13.6).
-// 0: no hint.
-#ifndef JSS_MBAR_SUSPEND_NS
-#define JSS_MBAR_SUSPEND_NS 1000000
-#endif
+// mbarrier primitives (sm_80+; try_wait on sm_90, test_wait before).
 __device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
 }
@@ -117,13 +110,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
   unsigned done = 0;
   while (!done) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (JSS_MBAR_SUSPEND_NS > 0)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}"
-          : "=r"(done) : "r"(smem_u32(b)), "r"(parity), "r"(JSS_MBAR_SUSPEND_NS) : "memory");
-    else
-      asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                   : "=r"(done) : "r"(smem_u32(b)), "r"(parity) : "memory");
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(smem_u32(b)), "r"(parity) : "memory");
 #else
     asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                  : "=r"(done) : "r"(smem_u32(b)), "r"(parity) : "memory");
