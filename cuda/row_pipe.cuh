@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(RowPipeCfg<T, NV, NSLOT, NA>::THREADS, 1) row_
       }
       run = combine(pre, ex);  // the run's tile-local exclusive prefix
       if constexpr (!C::IN_PLACE) {
-        s_lex[C::IN_PLACE ? 0 : s][w * 32 + lane] = run;
+        s_lex[s][w * 32 + lane] = run;
       } else {
         // pass 2: the tile-local inclusive prefix of every element written over its (a, b)
 #pragma unroll
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(RowPipeCfg<T, NV, NSLOT, NA>::THREADS, 1) row_
     } else {
       // 3. re-walk the runs from their carries, h (a-product) over the slot's a (b); then the
       //    tile stored in row order, 512 contiguous bytes per warp
-      const P* lex = s_lex[C::IN_PLACE ? 0 : s];
+      const P* lex = s_lex[s];
       if (AP) rp_rewalk<C, T, NV, REV, true>(sa, sb, lex, ex, ftid, tbase, L);
       else rp_rewalk<C, T, NV, REV, false>(sa, sb, lex, ex, ftid, tbase, L);
       role_sync(bar, GT);
