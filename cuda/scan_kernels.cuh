@@ -2271,27 +2271,34 @@ size_t scratch_bytes_t(const ScanProblem& p) {
   return make_plan<T>(p).total_bytes;
 }
 
-// The kernel family launch_t runs for p on the current device: the plan's, or the fallback
-// where one block cannot have a pipeline's shared memory (mirrors launch_t's branches). A
-// test hook: a fallback is correct, so only this can show that the fast kernel runs.
+// The kernel family a launch of the planned algorithm runs on the current device: the plan's,
+// or the fallback where one block cannot have a pipeline's shared memory (strided_pipe ->
+// lookback_regs, row_pipe -> row_stage). The one place of that decision: launch_t dispatches
+// on it, and launched_algorithm (a test hook: a fallback is correct, so only this can show
+// that the fast kernel runs) reports it.
 template <class T>
-cudaError_t launched_algorithm_t(const ScanProblem& p, int& algo) {
-  algo = make_plan<T>(p).algo;
+cudaError_t device_algorithm(int planned, int& algo) {
+  algo = planned;
   bool fits = true;
   cudaError_t err = cudaSuccess;
-  if (algo == kStridedPipe) {
+  if (planned == kStridedPipe) {
     using TU = PipeTune<T>;
     err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW>(fits);
     if (!fits) algo = kLookbackRegs;
   }
   if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
-    if (algo == kRowPipe) {
+    if (planned == kRowPipe) {
       using TU = RowPipeTune<T>;
       err = row_pipe_fits_device<T, TU::NV, TU::NSLOT, TU::NA, TU::BULK>(fits);
       if (!fits) algo = kRowStage;
     }
   }
   return err;
+}
+
+template <class T>
+cudaError_t launched_algorithm_t(const ScanProblem& p, int& algo) {
+  return device_algorithm<T>(make_plan<T>(p).algo, algo);
 }
 
 template <class T>
@@ -2305,38 +2312,33 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     using TU = StageTune<T>;
     return stage_launch<T, TU::NW, TU::SPW, TU::NBUF>(p, scratch, stream);
   }
-  if (pl.algo == kStridedPipe) {
-    using TU = PipeTune<T>;
-    bool fits = false;
-    const cudaError_t err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW>(fits);
+  if (pl.algo == kStridedPipe || pl.algo == kRowPipe) {
+    int algo = pl.algo;
+    const cudaError_t err = device_algorithm<T>(pl.algo, algo);
     if (err != cudaSuccess) return err;
-    if (fits) return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW>(p, scratch, stream);
-    // A GPU with less shared memory per block than the ring needs (an A100 has 163 KB): the
-    // strided lookback_regs kernel. Its status words fit the scratch planned for the pipe (one
-    // 16-byte word per channel and 64-step chunk, over at most as many channels: 128-channel
-    // tiles instead of 256 for 16-bit types), and the scratch XLA gives is in any case the
-    // larger of the aligned plan and the unaligned one, which is lookback_regs' (ffi_module.cc).
-    // Not run on such a GPU here.
-    ScanProblem q = p;
-    q.algorithm = kLookbackRegs;
-    return launch_t<T>(q, scratch, stream);
-  }
-  if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
-    if (pl.algo == kRowPipe) {
-      using TU = RowPipeTune<T>;
-      bool fits = false;
-      const cudaError_t err = row_pipe_fits_device<T, TU::NV, TU::NSLOT, TU::NA, TU::BULK>(fits);
-      if (err != cudaSuccess) return err;
-      if (fits) return row_pipe_launch<T, TU::NV, TU::NSLOT, TU::NA, TU::BULK>(p, scratch, stream);
-      // A GPU whose blocks cannot have the ring's 192 KB (fp32: 224 KB with the staging region
-      // of the bulk copies; an A100 has 163 KB): row_stage (64 KB), whose tile (8192 fp32 /
-      // 16384 16-bit elements) and one status word per tile are row_pipe's, so the scratch
-      // planned here holds its status words. Not run on such a GPU.
-      static_assert(RowStageTune<T>::TILE == RowPipeTune<T>::TILE, "the fallback uses row_pipe's status words");
-      ScanProblem q = p;
-      q.algorithm = kRowStage;
-      return launch_t<T>(q, scratch, stream);
+    if (algo == kStridedPipe) {
+      using TU = PipeTune<T>;
+      return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW>(p, scratch, stream);
     }
+    if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
+      if (algo == kRowPipe) {
+        using TU = RowPipeTune<T>;
+        return row_pipe_launch<T, TU::NV, TU::NSLOT, TU::NA, TU::BULK>(p, scratch, stream);
+      }
+      static_assert(RowStageTune<T>::TILE == RowPipeTune<T>::TILE, "the fallback uses row_pipe's status words");
+    }
+    // A GPU with less shared memory per block than the ring needs (an A100 has 163 KB; not run
+    // on such a GPU here). strided_pipe -> lookback_regs: its status words fit the scratch
+    // planned for the pipe (one 16-byte word per channel and 64-step chunk, over at most as
+    // many channels: 128-channel tiles instead of 256 for 16-bit types), and the scratch XLA
+    // gives is in any case the larger of the aligned plan and the unaligned one, which is
+    // lookback_regs' (ffi_module.cc). row_pipe (192 KB; fp32 224 KB with the staging region of
+    // the bulk copies) -> row_stage (64 KB), whose tile (8192 fp32 / 16384 16-bit elements)
+    // and one status word per tile are row_pipe's, so the scratch planned here holds its
+    // status words. make_plan never plans row_pipe for other types (it plans row_stage).
+    ScanProblem q = p;
+    q.algorithm = algo;
+    return launch_t<T>(q, scratch, stream);
   }
   if (pl.algo == kRowRounds) {
     using TU = RoundsTune<T>;
