@@ -51,10 +51,11 @@
 // finisher thread reaches tile i+2's named barrier only after every finisher thread has passed
 // tile i+1's, so after it finished reading tile i's.
 //
-// Code size: the three roles run different code on every SM sub-partition at once; UF (the
-// aggregators' fold and the producer's copies) and UW (the finishers' walk) unroll the loops
-// over a tile's steps that many steps at a time (fully unrolled, the bf16 kernel's hot code
-// overflows the instruction cache: section 13 of docs/PERFORMANCE_CUDA.md).
+// Code size: the three roles run different code on every SM sub-partition at once, so the hot
+// code must stay small (section 13 of docs/PERFORMANCE_CUDA.md: unrolled, the bf16 kernel's
+// overflowed the instruction cache). The producer's loop over the four warps' steps is not
+// unrolled (that was ~1100 instructions a tile); UF (the aggregators' fold and the producer's
+// copies) and UW (the finishers' walk) unroll the loops over a tile's steps that many at a time.
 #pragma once
 
 namespace jss {
