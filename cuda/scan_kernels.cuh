@@ -1654,8 +1654,8 @@ __device__ __forceinline__ void staged_fold(const uint4* st, int n, int lane,
 }
 
 // staged_walk: the same steps again from the prefix c (per channel), storing h at ph (and the
-// running product at pp unless null), the pointers moving by `step` elements per step. UNR:
-// the steps unrolled at a time (both: all of them unless asked).
+// running product at pp unless null), the pointers moving by `step` elements per step. In
+// both, UNR is how many steps are unrolled at a time (by default all).
 template <class T, int SPW, int UNR = SPW>
 __device__ __forceinline__ void staged_walk(const uint4* st, int n, int lane, int64_t step,
                                             Pair<typename Elem<T>::S> (&c)[Vec16<T>::N], T* ph, T* pp) {
