@@ -123,13 +123,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
 __device__ __forceinline__ void group_sync(int id) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(PIPE_GROUP * 32) : "memory");
 }
-// The same barrier, returning whether v held on any of the role's threads.
-__device__ __forceinline__ bool group_sync_or(int id, bool v) {
-  unsigned r;
-  asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 q, %2, 0;\n bar.red.or.pred p, %1, %3, q;\n selp.u32 %0, 1, 0, p;\n}"
-               : "=r"(r) : "r"(id), "r"((unsigned)v), "r"(PIPE_GROUP * 32) : "memory");
-  return r != 0;
-}
 
 // ---- the look-back of one channel over its own status words
 // A window holds the words of chunks hi, hi - 1, ..., hi - m + 1, all loaded before any is
@@ -230,7 +223,7 @@ __device__ Pair<float> lookback_finish(const Status<float>& st, int64_t k, const
   return acc;
 }
 
-template <class T, int SPW, int NSLOT, int UF, int UW, bool GW>
+template <class T, int SPW, int NSLOT, int UF, int UW>
 __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pipe_kernel(Dev d) {
   using C = PipeCfg<T, SPW, NSLOT>;
   using E = Elem<T>;
@@ -428,16 +421,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
         }
       }
     }
-    if constexpr (GW) {  // a tile whose look-back went wide anywhere: all read wide next
-      bool mine = false;
-#pragma unroll
-      for (int m = 0; m < PER; ++m) mine = mine || wide[m];
-      const bool any = group_sync_or(2, mine);
-#pragma unroll
-      for (int m = 0; m < PER; ++m) wide[m] = wide[m] || any;
-    } else {
-      group_sync(2);
-    }
+    group_sync(2);
     JSS_PIPE_CLOCK(t2);
     if (ftid == 0) JSS_PIPE_STAT(4, t2 - t1);
     // 2. the second walk: prefix = excl o (earlier warps' aggregates), then the steps
@@ -515,18 +499,18 @@ cudaError_t smem_fits_device(K kernel, size_t dynamic, std::atomic<int> (&cache)
   return cudaSuccess;
 }
 
-template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW, bool GW = false>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
 cudaError_t pipe_fits_device(bool& fits) {
   if constexpr (!std::is_same<typename Elem<T>::S, float>::value) {
     fits = false;  // make_plan never asks for it
     return cudaSuccess;
   } else {
     static std::atomic<int> cache[64];
-    return smem_fits_device(strided_pipe_kernel<T, SPW, NSLOT, UF, UW, GW>, PipeCfg<T, SPW, NSLOT>::smem(), cache, fits);
+    return smem_fits_device(strided_pipe_kernel<T, SPW, NSLOT, UF, UW>, PipeCfg<T, SPW, NSLOT>::smem(), cache, fits);
   }
 }
 
-template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW, bool GW = false>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
 cudaError_t pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   if constexpr (!std::is_same<typename Elem<T>::S, float>::value) {
     return cudaErrorInvalidValue;  // make_plan never asks for it
@@ -534,7 +518,7 @@ cudaError_t pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t stream
     using C = PipeCfg<T, SPW, NSLOT>;
     const PipeGeom<T, SPW> g(p);
     if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
-    auto kernel = strided_pipe_kernel<T, SPW, NSLOT, UF, UW, GW>;
+    auto kernel = strided_pipe_kernel<T, SPW, NSLOT, UF, UW>;
     static std::atomic<int> resident[64];
     int res = 0;
     cudaError_t err = resident_blocks(kernel, C::THREADS, C::smem(), resident, res);

@@ -161,15 +161,15 @@ void stage(const ScanProblem& p, void* scratch) {
 
 // strided_pipe at another geometry: SPW steps per warp (LC = 4 x SPW), NSLOT ring slots;
 // false (not run) where its shared memory does not fit one block
-template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW, bool GW = false>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
 bool pipe_fits() {
   bool fits = false;
-  CK((pipe_fits_device<T, SPW, NSLOT, UF, UW, GW>(fits)));
+  CK((pipe_fits_device<T, SPW, NSLOT, UF, UW>(fits)));
   return fits;
 }
-template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW, bool GW = false>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
 void pipe(const ScanProblem& p, void* scratch) {
-  CK((pipe_launch<T, SPW, NSLOT, UF, UW, GW>(p, scratch, 0)));
+  CK((pipe_launch<T, SPW, NSLOT, UF, UW>(p, scratch, 0)));
 }
 // row_pipe at another geometry: NA aggregator warps, NV 16-byte vectors per aggregator lane,
 // NSLOT ring slots
@@ -303,8 +303,6 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     JSS_PIPE_U(16, 3, 8, 8) JSS_PIPE_U(16, 3, 4, 4) JSS_PIPE_U(16, 3, 16, 4) JSS_PIPE_U(16, 3, 4, 16)
     JSS_PIPE_U(16, 3, 16, 8) JSS_PIPE_U(16, 3, 8, 16)
 #undef JSS_PIPE_U
-    // section 13.9: the look-back's wide first reads decided for the whole finisher group
-    vs.push_back({"pipe_s16_n3_gw", [&] { pipe<T, 16, 3, PipeTune<T>::UF, PipeTune<T>::UW, true>(p, scratch); }});
   }
   if (std::getenv("VB_PIPE_ONLY")) {  // only auto, lookback_regs and the pipeline variants
     std::vector<std::pair<std::string, std::function<void()>>> keep;
