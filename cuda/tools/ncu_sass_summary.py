@@ -10,6 +10,10 @@ selective-scan profiles of docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md (sections 6 a
         python3 -P cuda/tools/ss_profile.py
     ncu --import fwd.ncu-rep --page source --csv --print-source sass | gzip > fwd_sass.csv.gz
     python3 cuda/tools/ncu_sass_summary.py fwd_sass.csv.gz --list 20
+
+--reasons splits each level's stall samples by reason (`no_instruction`: an instruction-cache
+miss; PERFORMANCE_CUDA.md 13.2), and --opcodes N lists the N most executed opcodes, per element
+when --elements gives the problem's element count (13.6).
 """
 import argparse
 import collections
@@ -22,6 +26,9 @@ def main():
     ap.add_argument("csv", help="the SASS source page as CSV (.gz or plain)")
     ap.add_argument("--levels", type=int, default=10, help="loop levels to show")
     ap.add_argument("--list", type=int, default=0, help="most-stalled instructions to show")
+    ap.add_argument("--reasons", action="store_true", help="each level's stall samples by reason")
+    ap.add_argument("--opcodes", type=int, default=0, help="most executed opcodes to show")
+    ap.add_argument("--elements", type=float, default=0, help="elements of the problem (opcodes per 32)")
     args = ap.parse_args()
     opener = gzip.open if args.csv.endswith(".gz") else open
     with opener(args.csv, "rt") as f:
@@ -47,6 +54,31 @@ def main():
         top = sorted((i for i, e in enumerate(execd) if e in hot), key=lambda i: -stall[i])[:args.list]
         for i in sorted(top):
             print(f"{i:6d} {execd[i]:>10,} {stall[i]:>6} {data[i][col['Source']].strip()[:80]}")
+    if args.reasons:
+        # per-reason sample columns ("stall_x"; their "(Not Issued)" twins left out)
+        rcols = [(k[len("stall_"):], hdr.index(k)) for k in hdr if k.startswith("stall_") and "Not Issued" not in k]
+        by_level = collections.defaultdict(collections.Counter)
+        for e, r in zip(execd, data):
+            for name, j in rcols:
+                by_level[e][name] += int(r[j] or 0)
+        total = collections.Counter()
+        for c in by_level.values():
+            total.update(c)
+        print("all levels: " + ", ".join(f"{k} {v / tot_s:.1%}" for k, v in total.most_common(8)))
+        for e, _ in ranked:
+            c = by_level[e]
+            print(f"{e:>16,}: " + ", ".join(f"{k} {v / tot_s:.1%}" for k, v in c.most_common(5)))
+    if args.opcodes:
+        ops = collections.Counter()
+        for e, r in zip(execd, data):
+            words = [w for w in r[col["Source"]].split() if not w.startswith("@")]  # no predicate
+            if words:
+                ops[words[0]] += e
+        per = args.elements / 32 if args.elements else tot
+        unit = "warp-instructions per 32 elements" if args.elements else "of the instructions"
+        print(f"opcodes ({unit}):")
+        for k, v in ops.most_common(args.opcodes):
+            print(f"  {k:32s} {v / per:8.3f}" if args.elements else f"  {k:32s} {v / per:8.1%}")
 
 
 if __name__ == "__main__":
