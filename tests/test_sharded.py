@@ -1,0 +1,168 @@
+"""sharded_linear_scan: the scanned axis split across 4 CPU devices, against the float64 loop.
+
+The tests need 4 devices. XLA makes them only if --xla_force_host_platform_device_count is set
+before JAX starts, so when this process has fewer, one test reruns this file in a subprocess
+with the flag (and its failures are that test's).
+"""
+import os
+import re
+import subprocess
+import sys
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.test_util import check_grads
+
+from jax_selscan import linear_scan, sharded_linear_scan
+from test_linear_scan import DTYPES, assert_close, np_linear_scan, random_inputs
+
+NDEV = 4
+HAVE = len(jax.devices("cpu")) >= NDEV
+needs_devices = pytest.mark.skipif(not HAVE, reason="needs 4 CPU devices: run by test_suite_with_4_cpu_devices")
+
+
+@pytest.mark.skipif(HAVE, reason="this process has 4 CPU devices: the tests below run here")
+def test_suite_with_4_cpu_devices():
+    flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={NDEV}"
+    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.basename(__file__)],
+                       cwd=os.path.dirname(os.path.abspath(__file__)), env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    last = r.stdout.strip().splitlines()[-1]
+    skipped = re.search(r"(\d+) skipped", last)  # only this test skips itself there
+    assert re.search(r"\d+ passed", last) and (not skipped or skipped.group(1) == "1"), r.stdout[-2000:]
+
+
+def seq_mesh():
+    return Mesh(np.array(jax.devices("cpu")[:NDEV]), ("seq",))
+
+
+def grid_mesh():
+    return Mesh(np.array(jax.devices("cpu")[:NDEV]).reshape(2, 2), ("data", "seq"))
+
+
+# (shape, axis, spec, mesh): rows (the scanned axis last), strided (channels after it), the
+# batch sharded too, and a mesh axis that leaves the scanned axis whole
+LAYOUTS = {
+    "rows": ((3, 32), 1, P(None, "seq"), seq_mesh),
+    "strided": ((32, 5), 0, P("seq", None), seq_mesh),
+    "rank3_axis1": ((2, 16, 3), 1, P(None, "seq", None), seq_mesh),
+    "grid": ((4, 24, 3), 1, P("data", "seq"), grid_mesh),
+    "seq_whole": ((4, 10), 1, P("seq", None), seq_mesh),
+}
+
+
+def check_values(dtype, layout, reverse, with_h0):
+    shape, axis, spec, mesh = LAYOUTS[layout]
+    rng = np.random.default_rng(zlib.crc32(f"{layout} {reverse} {with_h0} {np.dtype(dtype)}".encode()))
+    a, b, h0 = random_inputs(rng, shape, dtype, axis=axis, with_h0=with_h0)
+    f = jax.jit(lambda a, b, h0: sharded_linear_scan(a, b, mesh=mesh(), spec=spec, axis=axis, reverse=reverse,
+                                                     h0=h0, return_a_prod=True))
+    h, p = f(a, b, h0)
+    f64 = lambda x: None if x is None else np.asarray(x).astype(np.complex128 if np.iscomplexobj(x) else np.float64)
+    want_h, want_p = np_linear_scan(f64(a), f64(b), axis, reverse, f64(h0), return_a_prod=True)
+    assert h.dtype == a.dtype and p.dtype == a.dtype and h.shape == a.shape
+    assert_close(h, want_h, dtype)
+    assert_close(p, want_p, dtype)
+    assert h.sharding.is_equivalent_to(NamedSharding(mesh(), spec), h.ndim)  # laid out as the inputs
+    # h alone (another compilation: equal to rounding, not bitwise)
+    assert_close(sharded_linear_scan(a, b, mesh=mesh(), spec=spec, axis=axis, reverse=reverse, h0=h0), want_h, dtype)
+
+
+@needs_devices
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_dtypes_against_float64_loop(dtype, reverse):
+    check_values(dtype, "rows", reverse, with_h0=True)
+
+
+@needs_devices
+@pytest.mark.parametrize("layout", [k for k in LAYOUTS if k != "rows"])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_layouts_against_float64_loop(layout, reverse, with_h0):
+    check_values(np.float32, layout, reverse, with_h0)
+
+
+@needs_devices
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gradients(reverse):
+    rng = np.random.default_rng(7)
+    a, b, h0 = random_inputs(rng, (3, 32), np.float64, axis=1, with_h0=True)
+    mesh = seq_mesh()
+
+    def loss(fn, **kw):
+        return lambda a, b, h0: jnp.sum(jnp.sin(fn(a, b, axis=1, reverse=reverse, h0=h0, **kw)))
+
+    got = jax.grad(loss(sharded_linear_scan, mesh=mesh, spec=P(None, "seq")), argnums=(0, 1, 2))(a, b, h0)
+    want = jax.grad(loss(linear_scan), argnums=(0, 1, 2))(a, b, h0)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-12)
+    f = jax.jit(lambda a, b, h0: sharded_linear_scan(a, b, mesh=mesh, spec=P(None, "seq"), axis=1, reverse=reverse,
+                                                     h0=h0))
+    check_grads(f, (a, b, h0), order=1, modes=("fwd", "rev"))
+
+
+@needs_devices
+def test_vmap_and_jit():
+    rng = np.random.default_rng(3)
+    a, b, _ = random_inputs(rng, (5, 2, 32), np.float32, axis=2)
+    f = lambda a, b: sharded_linear_scan(a, b, mesh=seq_mesh(), spec=P(None, "seq"), axis=1)
+    got = jax.jit(jax.vmap(f))(a, b)
+    for i in range(a.shape[0]):
+        assert_close(got[i], np_linear_scan(a[i].astype(np.float64), b[i].astype(np.float64), axis=1), np.float32)
+
+
+@needs_devices
+def test_only_the_chunk_totals_cross_devices():
+    # each device scans its chunk with our kernel; the only collectives gather state-sized totals
+    a = jnp.ones((8, 1024), jnp.float32)
+    f = jax.jit(lambda a, b: sharded_linear_scan(a, b, mesh=seq_mesh(), spec=P(None, "seq"), axis=1))
+    text = f.lower(a, a).compile().as_text()
+    assert "jax_selscan_linear_scan" in text
+    gathers = re.findall(r"= (\w+\[[\d,]*\])[^\n]*? all-gather\(", text)
+    assert gathers, "no all-gather in the compiled module"
+    for g in gathers:
+        dims = [int(x) for x in re.findall(r"\d+", g.split("[")[1])]
+        assert int(np.prod(dims)) <= NDEV * 8, f"an all-gather of {g}: more than the chunk totals"
+
+
+@needs_devices
+@pytest.mark.parametrize("reverse", [False, True])
+def test_nan_propagates_across_chunks(reverse):
+    rng = np.random.default_rng(11)
+    a, b, _ = random_inputs(rng, (2, 32), np.float64, axis=1)
+    b[0, 12] = np.nan  # in the second of four chunks
+    got = np.asarray(sharded_linear_scan(a, b, mesh=seq_mesh(), spec=P(None, "seq"), axis=1, reverse=reverse))
+    want = np_linear_scan(a, b, axis=1, reverse=reverse)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-12)
+
+
+@needs_devices
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(spec=P(None, "seq"), shape=(2, 30)), ValueError, "does not divide"),
+    (dict(spec=P(None, "time")), ValueError, "not an axis of the mesh"),
+    (dict(spec=P(None, ("seq", "seq"))), ValueError, "at most one mesh axis"),
+    (dict(spec=P(None, "seq", None)), ValueError, "more entries"),
+    (dict(spec=(None, "seq")), TypeError, "PartitionSpec"),
+    (dict(mesh="seq"), TypeError, "Mesh"),
+    (dict(h0_shape=(3,)), ValueError, "h0 must have shape"),
+    (dict(b_shape=(2, 16)), ValueError, "same shape"),
+    (dict(dtype=np.int32), TypeError, "dtype int32"),
+])
+def test_bad_input_errors_name_the_argument(kwargs, error, match):
+    shape = kwargs.pop("shape", (2, 32))
+    dtype = kwargs.pop("dtype", np.float32)
+    a = np.ones(shape, dtype)
+    b = np.ones(kwargs.pop("b_shape", shape), dtype)
+    h0 = np.ones(kwargs.pop("h0_shape", shape[:1]), dtype)
+    args = dict(mesh=seq_mesh(), spec=P(None, "seq"), axis=1, h0=h0)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        sharded_linear_scan(a, b, **args)
