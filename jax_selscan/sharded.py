@@ -1,4 +1,4 @@
-"""linear_scan with the scanned axis split across devices (jax.shard_map).
+"""linear_scan and selective_scan with the scanned axis split across devices (jax.shard_map).
 
 Each device scans its own chunk from a zero state with our kernel, keeping the running
 product of `a` (return_a_prod); the chunks' totals (product of a, last state) are gathered
@@ -18,6 +18,12 @@ one multiply-add instead of through the recurrence). 16-bit inputs are scanned i
 each device and rounded once at the end, as the kernels' own float32 state does. Where a
 chunk's product of `a` underflows to 0 and the carry is infinite, 0 * inf gives NaN where the
 sequential recurrence keeps the infinity (as lax.associative_scan does too).
+
+selective_scan, the same pattern per (batch, d, n) state: a chunk's effect on the state that
+enters it is multiplication by exp(A * sum of its dt), so the totals are that decay and the
+chunk's last state from zero (a first kernel pass); the chunk is then scanned again from its
+true incoming state (a second pass, which also applies D and the gate exactly). Twice the
+kernel work of one unsplit pass, spread over the devices.
 """
 from __future__ import annotations
 
@@ -30,8 +36,9 @@ from jax.sharding import Mesh, PartitionSpec
 from ._checks import check_array, check_bool, normalize_axis, result_dtype, state_dtype
 from .linear_scan import linear_scan
 from .primitives import ALGORITHMS
+from .selective_scan import _validate, selective_scan
 
-__all__ = ["sharded_linear_scan"]
+__all__ = ["sharded_linear_scan", "sharded_selective_scan"]
 
 
 def _seq_axis_name(spec, axis, mesh):
@@ -45,6 +52,28 @@ def _seq_axis_name(spec, axis, mesh):
     if names[0] not in mesh.axis_names:
         raise ValueError(f"spec[{axis}] names {names[0]!r}, which is not an axis of the mesh {mesh.axis_names}")
     return names[0]
+
+
+def _fold_carries(tot_a, tot_h, h0, seq, reverse):
+    """Each chunk's incoming state, given every device's chunk totals (the product of a over the
+    chunk, its last state from zero) and h0: the gathered totals folded from h0 in scan order
+    (a linear_scan over the devices, in the recurrence's operand order). Also the state after
+    the whole sequence and the product of a over the chunks before this one."""
+    all_a = lax.all_gather(tot_a, seq)  # (devices, *state), in device order
+    all_h = lax.all_gather(tot_h, seq)
+    inc_h, inc_a = linear_scan(all_a, all_h, axis=0, reverse=reverse, h0=h0, return_a_prod=True)
+    ones = jnp.ones((1,) + inc_a.shape[1:], inc_a.dtype)
+    if reverse:
+        ex_h = jnp.concatenate([inc_h[1:], h0[None]], axis=0)
+        ex_a = jnp.concatenate([inc_a[1:], ones], axis=0)
+        end = inc_h[0]
+    else:
+        ex_h = jnp.concatenate([h0[None], inc_h[:-1]], axis=0)
+        ex_a = jnp.concatenate([ones, inc_a[:-1]], axis=0)
+        end = inc_h[-1]
+    i = lax.axis_index(seq)
+    return (lax.dynamic_index_in_dim(ex_h, i, 0, keepdims=False), end,
+            lax.dynamic_index_in_dim(ex_a, i, 0, keepdims=False))
 
 
 def sharded_linear_scan(a, b, *, mesh, spec, axis=0, reverse=False, h0=None, return_a_prod=False,
@@ -104,28 +133,94 @@ def sharded_linear_scan(a, b, *, mesh, spec, axis=0, reverse=False, h0=None, ret
         last = 0 if reverse else a.shape[axis] - 1  # the chunk's last element in scan order
         tot_a = lax.index_in_dim(p, last, axis, keepdims=False)
         tot_h = lax.index_in_dim(h, last, axis, keepdims=False)
-        all_a = lax.all_gather(tot_a, seq)  # (devices, *state), in device order
-        all_h = lax.all_gather(tot_h, seq)
-        # the state after each chunk, folded from h0 in scan order; a chunk's carry is the
-        # state after its predecessor in scan order (h0 for the first)
-        inc_h, inc_a = linear_scan(all_a, all_h, axis=0, reverse=reverse, h0=h0, return_a_prod=True)
-        ones = jnp.ones((1,) + inc_a.shape[1:], sdt)
-        if reverse:
-            ex_h = jnp.concatenate([inc_h[1:], h0[None]], axis=0)
-            ex_a = jnp.concatenate([inc_a[1:], ones], axis=0)
-        else:
-            ex_h = jnp.concatenate([h0[None], inc_h[:-1]], axis=0)
-            ex_a = jnp.concatenate([ones, inc_a[:-1]], axis=0)
-        i = lax.axis_index(seq)
-        carry_h = jnp.expand_dims(lax.dynamic_index_in_dim(ex_h, i, 0, keepdims=False), axis)
+        carry_h, _, carry_a = _fold_carries(tot_a, tot_h, h0, seq, reverse)
+        carry_h = jnp.expand_dims(carry_h, axis)
         h = p * carry_h + h
         if not return_a_prod:
             return (h.astype(dtype),)
-        carry_a = jnp.expand_dims(lax.dynamic_index_in_dim(ex_a, i, 0, keepdims=False), axis)
-        return h.astype(dtype), (p * carry_a).astype(dtype)
+        return h.astype(dtype), (p * jnp.expand_dims(carry_a, axis)).astype(dtype)
 
     nout = 2 if return_a_prod else 1
     f = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, state_spec), out_specs=(spec,) * nout,
                       check_vma=False)
     outs = f(jnp.asarray(a, dtype), jnp.asarray(b, dtype), jnp.asarray(h0, dtype))
     return tuple(outs) if return_a_prod else outs[0]
+
+
+def sharded_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                           return_last_state=False, h0=None, direction="forward", *, mesh, spec):
+    """selective_scan over arrays laid out on `mesh`: `spec` is the PartitionSpec of u, delta, z
+    and the output, (batch, D, L). Its L entry may name one mesh axis, which then splits the
+    sequence into one contiguous chunk per device; its D entry may shard the channels (grouped
+    B / C then need G = 1 or G divisible by that axis's size). Every other argument is laid out
+    to match (A, D, delta_bias by channel; B, C by batch, group and L; h0 and the last state by
+    batch and channel). Same arguments and results as selective_scan, to rounding (for
+    "bidirectional" with 16-bit inputs the two directions' outputs are added in u's dtype).
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    if not isinstance(spec, PartitionSpec):
+        raise TypeError(f"spec must be a jax.sharding.PartitionSpec, got {type(spec).__name__}")
+    args = _validate(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, h0, direction)
+    batch, dim, length = args.u.shape
+    if len(spec) > 3:
+        raise ValueError(f"spec {spec} has more entries than u has dimensions (batch, D, L)")
+    sb, sd, sl = tuple(spec) + (None,) * (3 - len(spec))
+    seq = _seq_axis_name(spec, 2, mesh)
+    if seq is not None and length % mesh.shape[seq] != 0:
+        raise ValueError(f"u has length {length}, which mesh axis {seq!r} ({mesh.shape[seq]} devices) "
+                         "does not divide into equal chunks")
+    nd = 1 if sd is None else int(np.prod([mesh.shape[n] for n in (sd if isinstance(sd, tuple) else (sd,))]))
+
+    def bc_spec(name, x):
+        if x.ndim == 2:  # (D, N): time-invariant
+            return PartitionSpec(sd, None)
+        groups = x.shape[1]
+        if sd is not None and groups > 1 and groups % nd != 0:
+            raise ValueError(f"{name} has {groups} groups, which the {nd} shards of D (spec entry {sd!r}) "
+                             "do not divide: each shard's channels must hold whole groups")
+        return PartitionSpec(sb, sd if groups > 1 else None, None, sl)
+
+    chan = PartitionSpec(sd)
+    state = PartitionSpec(sb, sd, None)
+    h0 = args.h0 if args.h0 is not None else jnp.zeros((batch, dim, args.A.shape[1]), args.compute_dtype)
+    opt = {k: getattr(args, k) for k in ("D", "z", "delta_bias")}
+    present = [k for k, v in opt.items() if v is not None]
+    opt_specs = {"D": chan, "z": spec, "delta_bias": chan}
+    softplus = args.delta_softplus
+
+    def scan_dir(u, delta, A, B, C, kw, h0, direction):
+        """(out, last) of one direction on this device's chunk, from the true incoming state."""
+        if seq is None:
+            return selective_scan(u, delta, A, B, C, **kw, delta_softplus=softplus, return_last_state=True,
+                                  h0=h0, direction=direction)
+        rev = direction == "reverse"
+        # first pass: the chunk's last state from zero (no D, no gate: only the state is used)
+        _, last0 = selective_scan(u, delta, A, B, C, delta_bias=kw.get("delta_bias"), delta_softplus=softplus,
+                                  return_last_state=True, direction=direction)
+        dt = delta.astype(last0.dtype)
+        if kw.get("delta_bias") is not None:
+            dt = dt + kw["delta_bias"].astype(dt.dtype)[:, None]
+        if softplus:
+            dt = jax.nn.softplus(dt)
+        decay = jnp.exp(jnp.sum(dt, axis=-1)[..., None] * A.astype(dt.dtype))  # (batch, D, N)
+        carry, end, _ = _fold_carries(decay, last0, h0.astype(last0.dtype), seq, rev)
+        out, _ = selective_scan(u, delta, A, B, C, **kw, delta_softplus=softplus, return_last_state=True,
+                                h0=carry, direction=direction)
+        return out, end
+
+    def local(u, delta, A, B, C, h0, *opts):
+        kw = dict(zip(present, opts))
+        if args.direction != "bidirectional":
+            return scan_dir(u, delta, A, B, C, kw, h0, args.direction)
+        out_f, last_f = scan_dir(u, delta, A, B, C, kw, h0, "forward")
+        out_r, last_r = scan_dir(u, delta, A, B, C, kw, h0, "reverse")
+        return out_f + out_r, (last_f, last_r)
+
+    last_spec = (state, state) if args.direction == "bidirectional" else state
+    f = jax.shard_map(local, mesh=mesh, check_vma=False,
+                      in_specs=(spec, spec, PartitionSpec(sd, None), bc_spec("B", args.B), bc_spec("C", args.C),
+                                state) + tuple(opt_specs[k] for k in present),
+                      out_specs=(spec, last_spec))
+    out, last = f(args.u, args.delta, args.A, args.B, args.C, h0, *(opt[k] for k in present))
+    return (out, last) if args.return_last_state else out

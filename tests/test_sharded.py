@@ -1,4 +1,5 @@
-"""sharded_linear_scan: the scanned axis split across 4 CPU devices, against the float64 loop.
+"""sharded_linear_scan / sharded_selective_scan: the sequence split across 4 CPU devices,
+against the float64 loops.
 
 The tests need 4 devices. XLA makes them only if --xla_force_host_platform_device_count is set
 before JAX starts, so when this process has fewer, one test reruns this file in a subprocess
@@ -17,8 +18,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.test_util import check_grads
 
-from jax_selscan import linear_scan, sharded_linear_scan
+from jax_selscan import linear_scan, selective_scan_ref, sharded_linear_scan, sharded_selective_scan
+from references import selective_scan_np
 from test_linear_scan import DTYPES, assert_close, np_linear_scan, random_inputs
+import test_selective_scan as tss
 
 NDEV = 4
 HAVE = len(jax.devices("cpu")) >= NDEV
@@ -157,6 +160,7 @@ def test_nan_propagates_across_chunks(reverse):
     (dict(dtype=np.int32), TypeError, "dtype int32"),
 ])
 def test_bad_input_errors_name_the_argument(kwargs, error, match):
+    kwargs = dict(kwargs)
     shape = kwargs.pop("shape", (2, 32))
     dtype = kwargs.pop("dtype", np.float32)
     a = np.ones(shape, dtype)
@@ -166,3 +170,88 @@ def test_bad_input_errors_name_the_argument(kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         sharded_linear_scan(a, b, **args)
+
+
+# --- sharded_selective_scan ------------------------------------------------------------------
+
+# (spec, mesh, b_kind): the batch split with the sequence; the channels split with the sequence
+# (grouped B: each shard holds whole groups); the sequence alone, B / C time-invariant; the
+# sequence whole (the channels split)
+SS_LAYOUTS = {
+    "batch_seq": (P("data", None, "seq"), grid_mesh, "grouped"),
+    "dim_seq": (P(None, "data", "seq"), grid_mesh, "grouped"),
+    "seq_invariant": (P(None, None, "seq"), seq_mesh, "invariant"),
+    "dim_only": (P(None, "seq", None), seq_mesh, "variable"),
+}
+
+
+def check_selective(dtype, layout, direction, options=True):
+    spec, mesh, b_kind = SS_LAYOUTS[layout]
+    rng = tss.rng_for("sharded", np.dtype(dtype).name, layout, direction, options)
+    x = tss.make_inputs(rng, batch=2, dim=4, dstate=3, length=32, groups=2, b_kind=b_kind, D=options,
+                        z=options, delta_bias=options, softplus=options, h0=options, dtype=dtype)
+    flags = dict(delta_softplus=options, return_last_state=True, direction=direction)
+    f = jax.jit(lambda x: sharded_selective_scan(**x, **flags, mesh=mesh(), spec=spec))
+    res = f(x)
+    want = selective_scan_np(**tss.np_args(x), delta_softplus=options, direction=direction)
+    tss.check_scan_result(res, want, np.dtype(dtype), direction, True, f"{layout} {direction}")
+    assert res[0].sharding.is_equivalent_to(NamedSharding(mesh(), spec), 3)
+
+
+@needs_devices
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", ["batch_seq", "dim_seq"])
+def test_selective_float32_against_float64_loop(layout, direction):
+    check_selective(np.float32, layout, direction)
+
+
+@needs_devices
+@pytest.mark.parametrize("dtype, layout, direction, options", [
+    (jnp.bfloat16, "batch_seq", "forward", True),
+    (np.float64, "dim_seq", "bidirectional", True),
+    (np.float32, "seq_invariant", "reverse", False),
+    (np.float32, "dim_only", "bidirectional", True),
+])
+def test_selective_other_cases(dtype, layout, direction, options):
+    check_selective(dtype, layout, direction, options)
+
+
+@needs_devices
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_selective_gradients_match_the_reference(dtype):
+    rng = tss.rng_for("sharded grads", np.dtype(dtype).name)
+    x = tss.make_inputs(rng, batch=2, dim=4, dstate=3, length=32, groups=2, dtype=dtype)
+    spec, mesh, _ = SS_LAYOUTS["batch_seq"]
+    cot = jnp.asarray(rng.standard_normal((2, 4, 32)), dtype)
+    names = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")
+
+    def grads(fn, x, **kw):
+        loss = lambda *v: jnp.sum(cot * fn(**dict(zip(names, v)), delta_softplus=True, direction="bidirectional",
+                                           **kw))
+        return jax.jit(jax.grad(loss, argnums=tuple(range(len(names)))))(*(x[k] for k in names))
+
+    got = grads(sharded_selective_scan, x, mesh=mesh(), spec=spec)
+    want = grads(selective_scan_ref, {k: jnp.asarray(v, jnp.float64) for k, v in x.items()})
+    for k, g, w in zip(names, got, want):  # relative to the gradient's scale
+        tol = 1e-10 if dtype == np.float64 else 2e-4
+        np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=0, atol=tol * float(jnp.max(jnp.abs(w))),
+                                   err_msg=k)
+
+
+@needs_devices
+@pytest.mark.parametrize("change, error, match", [
+    (dict(spec=P(None, "data", "seq"), dim=6, groups=3), ValueError, "groups, which the 2 shards"),
+    (dict(length=31), ValueError, "does not divide"),
+    (dict(spec=P(None, None, "seq", None)), ValueError, "more entries"),
+    (dict(spec=P(None, None, "time")), ValueError, "not an axis of the mesh"),
+    (dict(mesh=None), TypeError, "Mesh"),
+])
+def test_selective_bad_input_errors(change, error, match):
+    change = dict(change)
+    rng = np.random.default_rng(0)
+    x = tss.make_inputs(rng, batch=2, dim=change.pop("dim", 4), dstate=3, length=change.pop("length", 32),
+                        groups=change.pop("groups", 2), dtype=np.float32)
+    kw = dict(mesh=grid_mesh(), spec=P("data", None, "seq"))
+    kw.update(change)
+    with pytest.raises(error, match=match):
+        sharded_selective_scan(**x, delta_softplus=True, **kw)
