@@ -18,6 +18,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.test_util import check_grads
 
+from jax_selscan import primitives
 from jax_selscan import linear_scan, selective_scan_ref, sharded_linear_scan, sharded_selective_scan
 from references import selective_scan_np
 from test_linear_scan import DTYPES, assert_close, np_linear_scan, random_inputs
@@ -170,6 +171,57 @@ def test_bad_input_errors_name_the_argument(kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         sharded_linear_scan(a, b, **args)
+
+
+# --- plain linear_scan under jit with sharded operands (the primitive's partitioning rule) ----
+
+def gathers(compiled_text):
+    return re.findall(r"= (\w+\[[\d,]*\])[^\n]*? all-gather\(", compiled_text)
+
+
+@needs_devices
+@pytest.mark.skipif(not primitives.PARTITIONED, reason="no kernel, or this jax has no hook for the rule")
+@pytest.mark.parametrize("shape, axis, spec", [
+    ((8, 64), 1, P("seq", None)),            # rows split over the devices
+    ((64, 12), 0, P(None, "seq")),           # channels of a strided scan split
+    ((4, 32, 6), 1, P("seq", None, None)),
+])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_jit_keeps_independent_dimensions_sharded(shape, axis, spec, reverse):
+    rng = np.random.default_rng(zlib.crc32(f"{shape} {reverse}".encode()))
+    a, b, h0 = random_inputs(rng, shape, np.float32, axis=axis, with_h0=True)
+    state_spec = P(*[e for i, e in enumerate(tuple(spec) + (None,) * (len(shape) - len(spec))) if i != axis])
+    put = lambda x, sp: jax.device_put(x, NamedSharding(seq_mesh(), sp))
+    args = put(a, spec), put(b, spec), put(h0, state_spec)
+    f = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0, return_a_prod=True))
+    h, p = f(*args)
+    want_h, want_p = np_linear_scan(a.astype(np.float64), b.astype(np.float64), axis, reverse,
+                                    h0.astype(np.float64), return_a_prod=True)
+    assert_close(h, want_h, np.float32)
+    assert_close(p, want_p, np.float32)
+    assert h.sharding.is_equivalent_to(NamedSharding(seq_mesh(), spec), len(shape))  # not gathered
+    assert not gathers(f.lower(*args).compile().as_text())
+    # and the gradient (scans of the transposed recurrence, partitioned alike)
+    loss = lambda a, b, h0: jnp.sum(jnp.sin(linear_scan(a, b, axis=axis, reverse=reverse, h0=h0)))
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    got = g(*args)
+    want = jax.grad(loss, argnums=(0, 1, 2))(a.astype(np.float64), b.astype(np.float64), h0.astype(np.float64))
+    for x, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(x, np.float64), w, rtol=0, atol=1e-4 * float(np.max(np.abs(w))))
+    assert not gathers(g.lower(*args).compile().as_text())
+
+
+@needs_devices
+def test_jit_with_the_scanned_axis_sharded_gathers_it():
+    # the rule splits only the independent dimensions; a split scanned axis is gathered
+    # (sharded_linear_scan is the function that scans it in pieces)
+    rng = np.random.default_rng(5)
+    a, b, h0 = random_inputs(rng, (6, 64), np.float32, axis=1, with_h0=True)
+    put = lambda x, sp: jax.device_put(x, NamedSharding(grid_mesh(), sp))
+    h = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=1, h0=h0))(put(a, P("data", "seq")), put(b, P("data", "seq")),
+                                                                  put(h0, P("data")))
+    assert_close(h, np_linear_scan(a.astype(np.float64), b.astype(np.float64), 1, False, h0.astype(np.float64)),
+                 np.float32)
 
 
 # --- sharded_selective_scan ------------------------------------------------------------------
