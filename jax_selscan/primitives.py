@@ -11,8 +11,7 @@ product of `a` in scan order. Any rank and axis: the kernels see the array as
 (outer, L, inner), so the scanned axis is contiguous when inner == 1 and strided
 otherwise. jax.extend promises no stability, so everything that touches it lives here,
 with the partitioning rule (custom_partitioning around the kernel call, so that jit keeps
-sharded rows and channels on their devices) and its one private hook (see
-_needs_devices_when_lowered).
+sharded rows and channels on their devices; the shared mechanics in _partitioning.py).
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _ffi
+from . import _ffi, _partitioning
 from ._checks import state_dtype
 
 ALGORITHMS = ("auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
@@ -228,13 +227,12 @@ def _ffi_rule_cuda(ctx, a, b, h0, *, axis, reverse, return_a_prod, algorithm):
 
 
 # --- partitioning --------------------------------------------------------------------
-# A custom call is opaque to XLA's partitioners: given sharded operands they gather them onto
-# every device, which then scans the whole array (a data-parallel model would compute its
-# whole global batch on every device). So the kernels are lowered through custom_partitioning:
-# every dimension but the scanned one passes through (each device scans its own rows and
-# channels); the scanned axis is gathered (sharded_linear_scan splits it across devices).
-# linear_scan_kernel_p is the kernel call on one device's part; it exists only inside these
-# lowerings (after every transformation), so it has no batching or autodiff rules.
+# Under jit over several devices the kernel call goes through custom_partitioning
+# (_partitioning.py says why): every dimension but the scanned one passes through (each device
+# scans its own rows and channels); the scanned axis is gathered (sharded_linear_scan splits
+# it across devices). linear_scan_kernel_p is the kernel call on one device's part; it exists
+# only inside these lowerings (after every transformation), so it has no batching or autodiff
+# rules.
 
 linear_scan_kernel_p = Primitive("jax_selscan_linear_scan_kernel")
 linear_scan_kernel_p.multiple_results = True
@@ -243,83 +241,27 @@ linear_scan_kernel_p.def_impl(_impl)
 mlir.register_lowering(linear_scan_kernel_p, mlir.lower_fun(_fallback, multiple_results=True))
 
 
-def _sharding_rule(rank, axis, nout):
-    """Shardy's rule: the operands' dimensions as factors d0 .., h0 without the scanned one."""
-    dims = [f"d{i}" for i in range(rank)]
-    full = " ".join(dims)
-    state = " ".join(d for i, d in enumerate(dims) if i != axis)
-    return f"{full}, {full}, {state} -> " + ", ".join([full] * nout)
-
-
-@functools.lru_cache(maxsize=None)
-def _partitioned(rank, axis, reverse, return_a_prod, algorithm):
-    """The kernel call wrapped in custom_partitioning for operands of this rank and params."""
-    from jax.experimental.custom_partitioning import custom_partitioning
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    params = dict(axis=axis, reverse=reverse, return_a_prod=return_a_prod, algorithm=algorithm)
-    nout = 2 if return_a_prod else 1
-
-    def call(a, b, h0):
-        return tuple(linear_scan_kernel_p.bind(a, b, h0, **params))
-
-    def shardings(mesh, arg_shapes):
-        """(results, operands) shardings: a's, with the scanned axis whole (replicated
-        everywhere when a's sharding has no mesh axes to read)."""
-        sh = arg_shapes[0].sharding
-        spec = list(sh.spec) + [None] * (rank - len(sh.spec)) if isinstance(sh, NamedSharding) else [None] * rank
-        spec[axis] = None
-        full = NamedSharding(mesh, PartitionSpec(*spec))
-        state = NamedSharding(mesh, PartitionSpec(*(spec[:axis] + spec[axis + 1:])))
-        return (full,) * nout, (full, full, state)
-
-    def partition(mesh, arg_shapes, result_shape):
-        results, operands = shardings(mesh, arg_shapes)
-        return mesh, call, results, operands
-
-    def infer(mesh, arg_shapes, result_shape):  # the GSPMD partitioner's question (no Shardy)
-        return shardings(mesh, arg_shapes)[0]
-
-    f = custom_partitioning(call)
-    f.def_partition(partition=partition, infer_sharding_from_operands=infer,
-                    sharding_rule=_sharding_rule(rank, axis, nout),
-                    need_replication_factors=(f"d{axis}",))
-    return f
-
-
-def _partitioning_applies(ctx):
-    """Whether this lowering is for several devices with a known assignment (custom_partitioning
-    needs it; not inside shard_map, whose body is partitioned by hand, nor when lowering for
-    another platform, where JAX lowers without devices)."""
-    ac = ctx.module_context.axis_context
-    if not PARTITIONED or hasattr(ac, "manual_axes"):
-        return False
-    return getattr(ac, "num_devices", 1) > 1 and getattr(ac, "device_assignment", None) is not None
-
-
 def _kernel_rule(ctx, a, b, h0, *, axis, reverse, return_a_prod, algorithm):
+    params = dict(axis=axis, reverse=reverse, return_a_prod=return_a_prod, algorithm=algorithm)
+    call = lambda a, b, h0: tuple(linear_scan_kernel_p.bind(a, b, h0, **params))
     rank = len(ctx.avals_in[0].shape)
-    if rank == 1 or not _partitioning_applies(ctx):  # one device, or only the scanned axis
-        fn = lambda a, b, h0: linear_scan_kernel_p.bind(a, b, h0, axis=axis, reverse=reverse,
-                                                        return_a_prod=return_a_prod, algorithm=algorithm)
-    else:
-        fn = lambda a, b, h0: list(_partitioned(rank, axis, reverse, return_a_prod, algorithm)(a, b, h0))
-    return mlir.lower_fun(fn, multiple_results=True)(ctx, a, b, h0)
+    if rank == 1 or not _partitioning.applies(ctx, linear_scan_p):  # one device, or nothing to split
+        return mlir.lower_fun(lambda *xs: list(call(*xs)), multiple_results=True)(ctx, a, b, h0)
+    nout = 2 if return_a_prod else 1
+    dims = [f"d{i}" for i in range(rank)]
+    full, state = " ".join(dims), " ".join(d for i, d in enumerate(dims) if i != axis)
+    rule = f"{full}, {full}, {state} -> " + ", ".join([full] * nout)
+
+    def partition(mesh, arg_shapes):  # a's sharding, with the scanned axis whole
+        spec = _partitioning.spec_of(arg_shapes[0].sharding, rank)
+        spec[axis] = None
+        f, s = _partitioning.named(mesh, spec), _partitioning.named(mesh, spec[:axis] + spec[axis + 1:])
+        return call, (f,) * nout, (f, f, s)
+
+    return _partitioning.lower_partitioned(ctx, (a, b, h0), call, rule, partition, replicated=(dims[axis],))
 
 
-def _needs_devices_when_lowered(prim):
-    """Declare that lowering `prim` needs the device assignment (custom_partitioning's lowering
-    does: it builds the mesh). JAX has no public way to say so; this is the package's one use
-    of jax._src, and without it the lowering falls back to no partitioning."""
-    try:
-        from jax._src import dispatch
-        dispatch.prim_requires_devices_during_lowering.add(prim)
-        return True
-    except (ImportError, AttributeError):
-        return False
-
-
-PARTITIONED = (_ffi.HAS_CPU or _ffi.HAS_CUDA) and _needs_devices_when_lowered(linear_scan_p)
+PARTITIONED = (_ffi.HAS_CPU or _ffi.HAS_CUDA) and _partitioning.declare(linear_scan_p)
 
 if _ffi.HAS_CPU:
     mlir.register_lowering(linear_scan_kernel_p, _ffi_rule, platform="cpu")

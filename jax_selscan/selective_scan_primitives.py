@@ -35,10 +35,11 @@ import os
 import numpy as np
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _ffi
+from . import _ffi, _partitioning
 from ._checks import state_dtype
 
 
@@ -635,3 +636,92 @@ if _ffi.HAS_CUDA:
     mlir.register_lowering(selective_scan_bwd_p, _ss_bwd_cuda_rule, platform="cuda")
 batching.primitive_batchers[selective_scan_bwd_p] = _fold_batcher(
     selective_scan_bwd_p, _PRIMAL_KINDS + ("bdl", "bdn", "bdn", "bdl"), _PRIMAL_KINDS)
+
+
+# --- partitioning: the batch split across devices under jit ----------------------------------
+#
+# Under jit over several devices the forward and backward kernel calls go through
+# custom_partitioning (_partitioning.py says why). The batch dimension passes through, so each
+# device runs its own batch rows; every other dimension is gathered (sharded_selective_scan
+# splits L). The backward's gradients that sum over the batch (A, D, delta_bias, time-invariant
+# B / C) are summed across the batch's devices by a psum in the per-device call, in the
+# all-reduce's fixed order (reproducible, but not bitwise one device's sums). The *_kernel_p
+# primitives are the kernel calls on one device's part; they exist only inside these lowerings.
+
+def _kernel_prim(name, abstract_eval, rules):
+    p = Primitive(name)
+    p.multiple_results = True
+    p.def_abstract_eval(abstract_eval)
+    for platform, rule in rules.items():
+        mlir.register_lowering(p, rule, platform=platform)
+    return p
+
+
+_fwd_rules = {None: _ss_fallback_rule, **({"cpu": _ss_cpu_rule} if _ffi.HAS_CPU else {}),
+              **({"cuda": _ss_cuda_rule} if _ffi.HAS_CUDA else {})}
+_bwd_rules = {None: _ss_bwd_fallback_rule, **({"cpu": _ss_bwd_cpu_rule} if _ffi.HAS_CPU else {}),
+              **({"cuda": _ss_bwd_cuda_rule} if _ffi.HAS_CUDA else {})}
+selective_scan_kernel_p = _kernel_prim("jax_selscan_selective_scan_kernel", _ss_abstract_eval, _fwd_rules)
+selective_scan_bwd_kernel_p = _kernel_prim("jax_selscan_selective_scan_bwd_kernel", _ss_bwd_abstract_eval,
+                                           _bwd_rules)
+
+
+def _has_batch(aval, kind):
+    """Whether an operand or result of this kind has the batch as its first dimension."""
+    if aval.shape == (0,):  # a placeholder
+        return False
+    return kind in ("bdl", "bdn", "bdk") or (kind == "bc" and aval.ndim == 4)
+
+
+def _batch_split_rule(prim, kernel, in_kinds, out_kinds):
+    def rule(ctx, *ops, **params):
+        call = lambda *xs: tuple(kernel.bind(*xs, **params))
+        if not _partitioning.applies(ctx, prim):
+            return mlir.lower_fun(lambda *xs: list(call(*xs)), multiple_results=True)(ctx, *ops)
+        ins = list(zip(ctx.avals_in, in_kinds(params)))
+        outs = list(zip(ctx.avals_out, out_kinds(params)))
+        whole = []
+
+        def factors(items, tag):
+            terms = []
+            for i, (av, kind) in enumerate(items):
+                fs = [f"{tag}{i}x{j}" for j in range(av.ndim)]
+                if _has_batch(av, kind):
+                    fs[0] = "b"
+                whole.extend(f for f in fs if f != "b")
+                terms.append(" ".join(fs))
+            return ", ".join(terms)
+
+        sharding_rule = factors(ins, "i") + " -> " + factors(outs, "o")
+        summed = [not _has_batch(av, kind) and av.shape != (0,) for av, kind in outs]
+
+        def partition(mesh, arg_shapes):
+            batch = _partitioning.spec_of(arg_shapes[0].sharding, 3)[0]  # u's batch entry
+            place = lambda items: tuple(
+                _partitioning.named(mesh, [batch if _has_batch(av, kind) else None] + [None] * (av.ndim - 1))
+                if av.ndim else _partitioning.named(mesh, []) for av, kind in items)
+
+            def per_device(*xs):
+                res = call(*xs)
+                if batch is None:
+                    return res
+                return tuple(lax.psum(r, batch) if s else r for r, s in zip(res, summed))
+
+            return per_device, place(outs), place(ins)
+
+        return _partitioning.lower_partitioned(ctx, ops, call, sharding_rule, partition, whole)
+    return rule
+
+
+_fwd_in = lambda params: _PRIMAL_KINDS
+_fwd_out = lambda params: _OUT_KINDS + (("bdk",) if params.get("ckpt_row", 0) else ())
+_bwd_in = lambda params: _PRIMAL_KINDS + ("bdl", "bdn", "bdn", "bdk")
+_bwd_out = lambda params: _PRIMAL_KINDS
+
+PARTITIONED = ((_ffi.HAS_CPU or _ffi.HAS_CUDA) and _partitioning.declare(selective_scan_p)
+               and _partitioning.declare(selective_scan_bwd_p))
+for _platform in [p for p in ("cpu", "cuda") if p in _fwd_rules]:
+    mlir.register_lowering(selective_scan_p, _batch_split_rule(selective_scan_p, selective_scan_kernel_p,
+                                                               _fwd_in, _fwd_out), platform=_platform)
+    mlir.register_lowering(selective_scan_bwd_p, _batch_split_rule(selective_scan_bwd_p, selective_scan_bwd_kernel_p,
+                                                                   _bwd_in, _bwd_out), platform=_platform)

@@ -18,7 +18,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.test_util import check_grads
 
-from jax_selscan import primitives
+from jax_selscan import primitives, selective_scan
+from jax_selscan import selective_scan_primitives as ssp
 from jax_selscan import linear_scan, selective_scan_ref, sharded_linear_scan, sharded_selective_scan
 from references import selective_scan_np
 from test_linear_scan import DTYPES, assert_close, np_linear_scan, random_inputs
@@ -222,6 +223,50 @@ def test_jit_with_the_scanned_axis_sharded_gathers_it():
                                                                   put(h0, P("data")))
     assert_close(h, np_linear_scan(a.astype(np.float64), b.astype(np.float64), 1, False, h0.astype(np.float64)),
                  np.float32)
+
+
+# --- plain selective_scan under jit with the batch sharded (its partitioning rule) ----------
+
+@needs_devices
+@pytest.mark.skipif(not ssp.PARTITIONED, reason="no kernel, or this jax has no hook for the rule")
+@pytest.mark.parametrize("direction, b_kind, options", [
+    ("forward", "grouped", True),
+    ("reverse", "invariant", True),
+    ("bidirectional", "variable", False),
+])
+def test_jit_selective_scan_keeps_the_batch_sharded(direction, b_kind, options):
+    rng = tss.rng_for("jit batch split", direction, b_kind, options)
+    x = tss.make_inputs(rng, batch=8, dim=4, dstate=3, length=24, groups=2, b_kind=b_kind, D=options,
+                        z=options, delta_bias=options, softplus=options, h0=options, dtype=np.float32)
+    mesh = seq_mesh()
+    spec = {"u": P("seq"), "delta": P("seq"), "z": P("seq"), "h0": P("seq"),
+            "B": P("seq") if b_kind != "invariant" else P(), "C": P("seq")}
+    xs = {k: None if v is None else jax.device_put(v, NamedSharding(mesh, spec.get(k, P()))) for k, v in x.items()}
+    flags = dict(delta_softplus=options, return_last_state=True, direction=direction)
+    f = jax.jit(lambda x: selective_scan(**x, **flags))
+    res = f(xs)
+    tss.check_scan_result(res, selective_scan_np(**tss.np_args(x), delta_softplus=options, direction=direction),
+                          np.dtype(np.float32), direction, True, direction)
+    assert res[0].sharding.is_equivalent_to(NamedSharding(mesh, P("seq")), 3)  # each device its batch rows
+    assert not gathers(f.lower(xs).compile().as_text())
+    # the gradients: per-batch ones stay sharded, the batch sums are all-reduced
+    names = [k for k, v in x.items() if v is not None]
+    cot = jnp.asarray(rng.standard_normal((8, 4, 24)), np.float32)
+
+    def grads(fn, x):
+        loss = lambda *v: jnp.sum(cot * fn(**dict(zip(names, v)), delta_softplus=options, direction=direction))
+        return jax.jit(jax.grad(loss, argnums=tuple(range(len(names)))))
+
+    g = grads(selective_scan, xs)
+    got = g(*(xs[k] for k in names))
+    want = grads(selective_scan_ref, x)(*(jnp.asarray(x[k], jnp.float64) for k in names))
+    for k, a, w in zip(names, got, want):
+        np.testing.assert_allclose(np.asarray(a, np.float64), w, rtol=0, atol=2e-4 * float(jnp.max(jnp.abs(w))),
+                                   err_msg=k)
+    assert not gathers(g.lower(*(xs[k] for k in names)).compile().as_text())
+    again = g(*(xs[k] for k in names))
+    for a, b in zip(got, again):  # reproducible: the all-reduce sums in a fixed order
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 # --- sharded_selective_scan ------------------------------------------------------------------
