@@ -228,9 +228,10 @@ def _ffi_rule_cuda(ctx, a, b, h0, *, axis, reverse, return_a_prod, algorithm):
 
 # --- partitioning --------------------------------------------------------------------
 # Under jit over several devices the kernel call goes through custom_partitioning
-# (_partitioning.py says why): every dimension but the scanned one passes through (each device
-# scans its own rows and channels); the scanned axis is gathered (sharded_linear_scan splits
-# it across devices). linear_scan_kernel_p is the kernel call on one device's part; it exists
+# (_partitioning.py says why): every dimension passes through. Each device scans its own rows
+# and channels; a scanned axis split into equal chunks over one mesh axis is scanned in pieces
+# with one gather of the chunks' totals (sharded.split_scan, as sharded_linear_scan does),
+# any other split of it is gathered first. linear_scan_kernel_p is the kernel call on one device's part; it exists
 # only inside these lowerings (after every transformation), so it has no batching or autodiff
 # rules.
 
@@ -252,13 +253,22 @@ def _kernel_rule(ctx, a, b, h0, *, axis, reverse, return_a_prod, algorithm):
     full, state = " ".join(dims), " ".join(d for i, d in enumerate(dims) if i != axis)
     rule = f"{full}, {full}, {state} -> " + ", ".join([full] * nout)
 
-    def partition(mesh, arg_shapes):  # a's sharding, with the scanned axis whole
+    def partition(mesh, arg_shapes):
+        """a's sharding; a scanned axis split over one mesh axis into equal chunks is scanned in
+        pieces (sharded.split_scan), any other split of it gathered."""
         spec = _partitioning.spec_of(arg_shapes[0].sharding, rank)
-        spec[axis] = None
+        seq = spec[axis]
+        seq = seq[0] if isinstance(seq, tuple) and len(seq) == 1 else seq
+        if isinstance(seq, tuple) or (seq is not None and arg_shapes[0].shape[axis] % mesh.shape[seq]):
+            seq = None
+        spec[axis] = seq
         f, s = _partitioning.named(mesh, spec), _partitioning.named(mesh, spec[:axis] + spec[axis + 1:])
-        return call, (f,) * nout, (f, f, s)
+        if seq is None:
+            return call, (f,) * nout, (f, f, s)
+        from .sharded import split_scan  # (sharded.py imports this module)
+        return functools.partial(split_scan, seq=seq, **params), (f,) * nout, (f, f, s)
 
-    return _partitioning.lower_partitioned(ctx, (a, b, h0), call, rule, partition, replicated=(dims[axis],))
+    return _partitioning.lower_partitioned(ctx, (a, b, h0), call, rule, partition, replicated=())
 
 
 PARTITIONED = (_ffi.HAS_CPU or _ffi.HAS_CUDA) and _partitioning.declare(linear_scan_p)

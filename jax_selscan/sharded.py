@@ -76,6 +76,24 @@ def _fold_carries(tot_a, tot_h, h0, seq, reverse):
             lax.dynamic_index_in_dim(ex_a, i, 0, keepdims=False))
 
 
+def split_scan(a, b, h0, *, seq, axis, reverse, return_a_prod, algorithm):
+    """One device's part of a scan whose axis is split along mesh axis `seq` (inside shard_map,
+    or the per-device call of linear_scan's partitioning rule): its chunk scanned from zero,
+    the chunks' totals folded, the carry added. Returns (h,) or (h, a_prod) in a's dtype."""
+    dtype = a.dtype
+    sdt = state_dtype(dtype)
+    a, b, h0 = (jnp.asarray(x, sdt) for x in (a, b, h0))
+    h, p = linear_scan(a, b, axis=axis, reverse=reverse, return_a_prod=True, algorithm=algorithm)
+    last = 0 if reverse else a.shape[axis] - 1  # the chunk's last element in scan order
+    tot_a = lax.index_in_dim(p, last, axis, keepdims=False)
+    tot_h = lax.index_in_dim(h, last, axis, keepdims=False)
+    carry_h, _, carry_a = _fold_carries(tot_a, tot_h, h0, seq, reverse)
+    h = p * jnp.expand_dims(carry_h, axis) + h
+    if not return_a_prod:
+        return (h.astype(dtype),)
+    return h.astype(dtype), (p * jnp.expand_dims(carry_a, axis)).astype(dtype)
+
+
 def sharded_linear_scan(a, b, *, mesh, spec, axis=0, reverse=False, h0=None, return_a_prod=False,
                         algorithm="auto"):
     """linear_scan over arrays laid out on `mesh` by the PartitionSpec `spec`.
@@ -121,24 +139,13 @@ def sharded_linear_scan(a, b, *, mesh, spec, axis=0, reverse=False, h0=None, ret
         if tuple(np.shape(h0)) != state_shape:
             raise ValueError(f"h0 must have shape {state_shape} (the result's shape without axis {axis}), "
                              f"got {tuple(np.shape(h0))}")
-    sdt = state_dtype(dtype)
-
     def local(a, b, h0):
-        a, b, h0 = (jnp.asarray(x, sdt) for x in (a, b, h0))
         if seq is None:  # the scanned axis is whole on every device
             outs = linear_scan(a, b, axis=axis, reverse=reverse, h0=h0, return_a_prod=return_a_prod,
                                algorithm=algorithm)
-            return tuple(o.astype(dtype) for o in outs) if return_a_prod else (outs.astype(dtype),)
-        h, p = linear_scan(a, b, axis=axis, reverse=reverse, return_a_prod=True, algorithm=algorithm)
-        last = 0 if reverse else a.shape[axis] - 1  # the chunk's last element in scan order
-        tot_a = lax.index_in_dim(p, last, axis, keepdims=False)
-        tot_h = lax.index_in_dim(h, last, axis, keepdims=False)
-        carry_h, _, carry_a = _fold_carries(tot_a, tot_h, h0, seq, reverse)
-        carry_h = jnp.expand_dims(carry_h, axis)
-        h = p * carry_h + h
-        if not return_a_prod:
-            return (h.astype(dtype),)
-        return h.astype(dtype), (p * jnp.expand_dims(carry_a, axis)).astype(dtype)
+            return outs if return_a_prod else (outs,)
+        return split_scan(a, b, h0, seq=seq, axis=axis, reverse=reverse, return_a_prod=return_a_prod,
+                          algorithm=algorithm)
 
     nout = 2 if return_a_prod else 1
     f = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, state_spec), out_specs=(spec,) * nout,

@@ -213,16 +213,30 @@ def test_jit_keeps_independent_dimensions_sharded(shape, axis, spec, reverse):
 
 
 @needs_devices
-def test_jit_with_the_scanned_axis_sharded_gathers_it():
-    # the rule splits only the independent dimensions; a split scanned axis is gathered
-    # (sharded_linear_scan is the function that scans it in pieces)
+@pytest.mark.skipif(not primitives.PARTITIONED, reason="no kernel, or this jax has no hook for the rule")
+@pytest.mark.parametrize("reverse", [False, True])
+def test_jit_with_the_scanned_axis_sharded_scans_it_in_pieces(reverse):
+    # the rule splits a scanned axis cut into equal chunks as sharded_linear_scan does: only
+    # the chunks' totals cross devices, and the result stays where its chunks are
     rng = np.random.default_rng(5)
     a, b, h0 = random_inputs(rng, (6, 64), np.float32, axis=1, with_h0=True)
+    spec = P("data", "seq")
     put = lambda x, sp: jax.device_put(x, NamedSharding(grid_mesh(), sp))
-    h = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=1, h0=h0))(put(a, P("data", "seq")), put(b, P("data", "seq")),
-                                                                  put(h0, P("data")))
-    assert_close(h, np_linear_scan(a.astype(np.float64), b.astype(np.float64), 1, False, h0.astype(np.float64)),
-                 np.float32)
+    args = put(a, spec), put(b, spec), put(h0, P("data"))
+    f = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=1, reverse=reverse, h0=h0, return_a_prod=True))
+    h, p = f(*args)
+    want_h, want_p = np_linear_scan(a.astype(np.float64), b.astype(np.float64), 1, reverse, h0.astype(np.float64),
+                                    return_a_prod=True)
+    assert_close(h, want_h, np.float32)
+    assert_close(p, want_p, np.float32)
+    assert h.sharding.is_equivalent_to(NamedSharding(grid_mesh(), spec), 2)
+    for g in gathers(f.lower(*args).compile().as_text()):  # the totals: (2 devices, 3 rows)
+        assert int(np.prod([int(x) for x in re.findall(r"\d+", g.split("[")[1])])) <= 6, g
+    loss = lambda a, b, h0: jnp.sum(jnp.sin(linear_scan(a, b, axis=1, reverse=reverse, h0=h0)))
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args)
+    want = jax.grad(loss, argnums=(0, 1, 2))(a.astype(np.float64), b.astype(np.float64), h0.astype(np.float64))
+    for x, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(x, np.float64), w, rtol=0, atol=1e-4 * float(np.max(np.abs(w))))
 
 
 # --- plain selective_scan under jit with the batch sharded (its partitioning rule) ----------
