@@ -638,15 +638,18 @@ batching.primitive_batchers[selective_scan_bwd_p] = _fold_batcher(
     selective_scan_bwd_p, _PRIMAL_KINDS + ("bdl", "bdn", "bdn", "bdl"), _PRIMAL_KINDS)
 
 
-# --- partitioning: the batch split across devices under jit ----------------------------------
+# --- partitioning: the batch and the channels split across devices under jit ----------------
 #
 # Under jit over several devices the forward and backward kernel calls go through
-# custom_partitioning (_partitioning.py says why). The batch dimension passes through, so each
-# device runs its own batch rows; every other dimension is gathered (sharded_selective_scan
-# splits L). The backward's gradients that sum over the batch (A, D, delta_bias, time-invariant
-# B / C) are summed across the batch's devices by a psum in the per-device call, in the
-# all-reduce's fixed order (reproducible, but not bitwise one device's sums). The *_kernel_p
-# primitives are the kernel calls on one device's part; they exist only inside these lowerings.
+# custom_partitioning (_partitioning.py says why). The batch and the channels pass through, so
+# each device runs its own (batch row, channel) block: the channels only when they split into
+# equal blocks of whole B / C groups (a varying B / C with one group is then on every device of
+# a batch block; with G groups, G / shards of them on each); L and N are gathered
+# (sharded_selective_scan splits L). The backward's gradients that sum over what a device does
+# not hold (A, D, delta_bias, time-invariant B / C over the batch; a one-group B / C over the
+# channels) are summed by a psum in the per-device call, in the all-reduce's fixed order
+# (reproducible, but not bitwise one device's sums). The *_kernel_p primitives are the kernel
+# calls on one device's part; they exist only inside these lowerings.
 
 def _kernel_prim(name, abstract_eval, rules):
     p = Primitive(name)
@@ -666,48 +669,70 @@ selective_scan_bwd_kernel_p = _kernel_prim("jax_selscan_selective_scan_bwd_kerne
                                            _bwd_rules)
 
 
-def _has_batch(aval, kind):
-    """Whether an operand or result of this kind has the batch as its first dimension."""
-    if aval.shape == (0,):  # a placeholder
-        return False
-    return kind in ("bdl", "bdn", "bdk") or (kind == "bc" and aval.ndim == 4)
+def _roles(aval, kind):
+    """What each dimension of an operand or result of this kind is: "b" (batch), "d"
+    (channels), "g" (B / C groups) or None (gathered). A placeholder has none."""
+    if aval.shape == (0,):
+        return [None]
+    if kind in ("bdl", "bdn", "bdk"):
+        return ["b", "d", None]
+    if kind in ("dn", "d"):
+        return ["d", None][:aval.ndim]
+    if kind == "bc":
+        return ["d", None] if aval.ndim == 2 else ["b", "g", None, None]
+    raise ValueError(kind)
 
 
-def _batch_split_rule(prim, kernel, in_kinds, out_kinds):
+def _split_rule(prim, kernel, in_kinds, out_kinds):
     def rule(ctx, *ops, **params):
         call = lambda *xs: tuple(kernel.bind(*xs, **params))
         if not _partitioning.applies(ctx, prim):
             return mlir.lower_fun(lambda *xs: list(call(*xs)), multiple_results=True)(ctx, *ops)
-        ins = list(zip(ctx.avals_in, in_kinds(params)))
-        outs = list(zip(ctx.avals_out, out_kinds(params)))
+        ins = [(av, _roles(av, k)) for av, k in zip(ctx.avals_in, in_kinds(params))]
+        outs = [(av, _roles(av, k)) for av, k in zip(ctx.avals_out, out_kinds(params))]
         whole = []
 
         def factors(items, tag):
             terms = []
-            for i, (av, kind) in enumerate(items):
-                fs = [f"{tag}{i}x{j}" for j in range(av.ndim)]
-                if _has_batch(av, kind):
-                    fs[0] = "b"
-                whole.extend(f for f in fs if f != "b")
+            for i, (av, roles) in enumerate(items):
+                fs = [r if r in ("b", "d") else f"{tag}{i}x{j}" for j, r in enumerate(roles)]
+                whole.extend(f for f in fs if f not in ("b", "d"))
                 terms.append(" ".join(fs))
             return ", ".join(terms)
 
         sharding_rule = factors(ins, "i") + " -> " + factors(outs, "o")
-        summed = [not _has_batch(av, kind) and av.shape != (0,) for av, kind in outs]
+        u, B, C = ctx.avals_in[0], ctx.avals_in[3], ctx.avals_in[4]
 
         def partition(mesh, arg_shapes):
-            batch = _partitioning.spec_of(arg_shapes[0].sharding, 3)[0]  # u's batch entry
-            place = lambda items: tuple(
-                _partitioning.named(mesh, [batch if _has_batch(av, kind) else None] + [None] * (av.ndim - 1))
-                if av.ndim else _partitioning.named(mesh, []) for av, kind in items)
+            spec = _partitioning.spec_of(arg_shapes[0].sharding, 3)  # u's layout
+            size = lambda e: 1 if e is None else int(np.prod([mesh.shape[n] for n in (e if isinstance(e, tuple) else (e,))]))
+            batch, chan = spec[0], spec[1]
+            groups = [x.shape[1] for x in (B, C) if x.ndim == 4]
+            if chan is not None and (u.shape[1] % size(chan) or any(g > 1 and g % size(chan) for g in groups)):
+                chan = None  # channel blocks that would cut a group: gathered
+            if batch is not None and u.shape[0] % size(batch):
+                batch = None
+
+            def layout(av, roles):
+                """(sharding, mesh axes its gradient / result sums over) of one operand or result."""
+                ent = {"b": batch, "d": chan, "g": chan if av.ndim == 4 and av.shape[1] > 1 else None}
+                entries = [ent.get(r) if r else None for r in roles][:av.ndim]
+                held = set(r for r in roles if r)
+                over = [e for r, e in (("b", batch), ("d", chan)) if e is not None and r not in held
+                        and not (r == "d" and "g" in held and av.shape[1] > 1)]
+                return _partitioning.named(mesh, entries), over
+
+            in_sh = tuple(layout(av, r)[0] for av, r in ins)
+            out_l = [layout(av, r) for av, r in outs]
+            sums = [tuple(a for e in over for a in (e if isinstance(e, tuple) else (e,))) if av.shape != (0,) else ()
+                    for (av, _), (_, over) in zip(outs, out_l)]
 
             def per_device(*xs):
                 res = call(*xs)
-                if batch is None:
-                    return res
-                return tuple(lax.psum(r, batch) if s else r for r, s in zip(res, summed))
+                return tuple(lax.psum(r, ax) if ax else r for r, ax in zip(res, sums))
 
-            return per_device, place(outs), place(ins)
+            # the forward's results all hold the batch and channels: nothing to sum
+            return per_device, tuple(sh for sh, _ in out_l), in_sh
 
         return _partitioning.lower_partitioned(ctx, ops, call, sharding_rule, partition, whole)
     return rule
@@ -721,7 +746,7 @@ _bwd_out = lambda params: _PRIMAL_KINDS
 PARTITIONED = ((_ffi.HAS_CPU or _ffi.HAS_CUDA) and _partitioning.declare(selective_scan_p)
                and _partitioning.declare(selective_scan_bwd_p))
 for _platform in [p for p in ("cpu", "cuda") if p in _fwd_rules]:
-    mlir.register_lowering(selective_scan_p, _batch_split_rule(selective_scan_p, selective_scan_kernel_p,
+    mlir.register_lowering(selective_scan_p, _split_rule(selective_scan_p, selective_scan_kernel_p,
                                                                _fwd_in, _fwd_out), platform=_platform)
-    mlir.register_lowering(selective_scan_bwd_p, _batch_split_rule(selective_scan_bwd_p, selective_scan_bwd_kernel_p,
+    mlir.register_lowering(selective_scan_bwd_p, _split_rule(selective_scan_bwd_p, selective_scan_bwd_kernel_p,
                                                                    _bwd_in, _bwd_out), platform=_platform)

@@ -283,6 +283,37 @@ def test_jit_selective_scan_keeps_the_batch_sharded(direction, b_kind, options):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@needs_devices
+@pytest.mark.skipif(not ssp.PARTITIONED, reason="no kernel, or this jax has no hook for the rule")
+@pytest.mark.parametrize("b_kind", ["grouped", "variable", "invariant"])
+def test_jit_selective_scan_keeps_batch_and_channels_sharded(b_kind):
+    # channels split into blocks of whole groups: grouped B by group, one-group B on every
+    # channel block (its gradient summed over them), time-invariant B by channel
+    rng = tss.rng_for("jit channel split", b_kind)
+    x = tss.make_inputs(rng, batch=4, dim=8, dstate=3, length=16, groups=2, b_kind=b_kind, dtype=np.float32)
+    mesh = Mesh(np.array(jax.devices("cpu")[:NDEV]).reshape(2, 2), ("data", "chan"))
+    spec = {"A": P("chan"), "D": P("chan"), "delta_bias": P("chan"), "C": P("data"),
+            "B": {"grouped": P("data", "chan"), "variable": P("data"), "invariant": P("chan")}[b_kind]}
+    xs = {k: jax.device_put(v, NamedSharding(mesh, spec.get(k, P("data", "chan")))) for k, v in x.items()}
+    names = list(x)
+    flags = dict(delta_softplus=True, direction="bidirectional")
+    f = jax.jit(lambda x: selective_scan(**x, **flags))
+    out = f(xs)
+    tss.assert_close(out, selective_scan_np(**tss.np_args(x), **flags)[0], tss.TOL[np.dtype(np.float32)])
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "chan")), 3)
+    assert not gathers(f.lower(xs).compile().as_text())
+    loss = lambda fn: lambda *v: jnp.sum(jnp.sin(fn(**dict(zip(names, v)), **flags)))
+    g = jax.jit(jax.grad(loss(selective_scan), argnums=tuple(range(len(names)))))
+    got = g(*(xs[k] for k in names))
+    want = jax.grad(loss(selective_scan_ref), argnums=tuple(range(len(names))))(
+        *(jnp.asarray(x[k], jnp.float64) for k in names))
+    for k, a, w in zip(names, got, want):
+        np.testing.assert_allclose(np.asarray(a, np.float64), w, rtol=0, atol=2e-4 * float(jnp.max(jnp.abs(w))),
+                                   err_msg=k)
+    for sh in gathers(g.lower(*(xs[k] for k in names)).compile().as_text()):  # at most a B-sized gradient
+        assert int(np.prod([int(v) for v in re.findall(r"\d+", sh.split("[")[1])])) < x["u"].size, sh
+
+
 # --- sharded_selective_scan ------------------------------------------------------------------
 
 # (spec, mesh, b_kind): the batch split with the sequence; the channels split with the sequence
