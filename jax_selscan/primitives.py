@@ -230,10 +230,10 @@ def _ffi_rule_cuda(ctx, a, b, h0, *, axis, reverse, return_a_prod, algorithm):
 # Under jit over several devices the kernel call goes through custom_partitioning
 # (_partitioning.py says why): every dimension passes through. Each device scans its own rows
 # and channels; a scanned axis split into equal chunks over one mesh axis is scanned in pieces
-# with one gather of the chunks' totals (sharded.split_scan, as sharded_linear_scan does),
-# any other split of it is gathered first. linear_scan_kernel_p is the kernel call on one device's part; it exists
-# only inside these lowerings (after every transformation), so it has no batching or autodiff
-# rules.
+# with one gather of the chunks' totals (sharded.split_scan, as sharded_linear_scan does), any
+# other split of it is gathered first. linear_scan_kernel_p is the kernel call on one device's
+# part; it exists only inside these lowerings (after every transformation), so it has no
+# batching or autodiff rules.
 
 linear_scan_kernel_p = Primitive("jax_selscan_linear_scan_kernel")
 linear_scan_kernel_p.multiple_results = True
