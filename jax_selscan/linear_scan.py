@@ -19,19 +19,10 @@ def affine_combine(earlier, later):
     return a2 * a1, a2 * b1 + b2
 
 
-def linear_scan(a, b, *, axis=0, reverse=False, h0=None, return_a_prod=False, algorithm="auto"):
-    """h[t] = a[t] * h[t-1] + b[t] along `axis` (h[t+1] with reverse=True), h[-1] = h0.
-
-    a and b broadcast against each other; h0 (default zeros) has the shape of
-    the result with `axis` removed. Returns h, or (h, a_prod) with
-    return_a_prod=True, where a_prod is the running product of `a` in scan
-    order. For h0 = 0 the pair (a_prod, h) equals
-    ``jax.lax.associative_scan(affine_combine, (a, b), axis=axis, reverse=reverse)``.
-
-    dtypes: float32, float64, bfloat16, float16 (accumulated in float32) and
-    complex64. `algorithm` picks the CUDA kernel (see primitives.ALGORITHMS);
-    other platforms ignore it.
-    """
+def prepare(a, b, *, axis, reverse, h0, return_a_prod, algorithm):
+    """linear_scan's arguments checked (errors name the argument) and normalised: a, b and h0
+    as arrays of the promoted dtype, a and b broadcast, h0 defaulted to zeros, axis >= 0.
+    Returns (a, b, h0, axis, reverse, return_a_prod)."""
     check_array("a", a)
     check_array("b", b)
     dtype = result_dtype(a=a, b=b)
@@ -62,6 +53,24 @@ def linear_scan(a, b, *, axis=0, reverse=False, h0=None, return_a_prod=False, al
         h0 = jnp.broadcast_to(jnp.asarray(h0, dtype), state_shape)
     a = jnp.broadcast_to(jnp.asarray(a, dtype), shape)
     b = jnp.broadcast_to(jnp.asarray(b, dtype), shape)
+    return a, b, h0, axis, reverse, return_a_prod
+
+
+def linear_scan(a, b, *, axis=0, reverse=False, h0=None, return_a_prod=False, algorithm="auto"):
+    """h[t] = a[t] * h[t-1] + b[t] along `axis` (h[t+1] with reverse=True), h[-1] = h0.
+
+    a and b broadcast against each other; h0 (default zeros) has the shape of
+    the result with `axis` removed. Returns h, or (h, a_prod) with
+    return_a_prod=True, where a_prod is the running product of `a` in scan
+    order. For h0 = 0 the pair (a_prod, h) equals
+    ``jax.lax.associative_scan(affine_combine, (a, b), axis=axis, reverse=reverse)``.
+
+    dtypes: float32, float64, bfloat16, float16 (accumulated in float32) and
+    complex64. `algorithm` picks the CUDA kernel (see primitives.ALGORITHMS);
+    other platforms ignore it.
+    """
+    a, b, h0, axis, reverse, return_a_prod = prepare(a, b, axis=axis, reverse=reverse, h0=h0,
+                                                     return_a_prod=return_a_prod, algorithm=algorithm)
     outs = primitives.bind(a, b, h0, axis=axis, reverse=reverse,
                            return_a_prod=return_a_prod, algorithm=algorithm)
     return tuple(outs) if return_a_prod else outs[0]

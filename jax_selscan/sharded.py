@@ -33,9 +33,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
-from ._checks import check_array, check_bool, normalize_axis, result_dtype, state_dtype
-from .linear_scan import linear_scan
-from .primitives import ALGORITHMS
+from ._checks import state_dtype
+from .linear_scan import linear_scan, prepare
 from .selective_scan import _validate, selective_scan
 
 __all__ = ["sharded_linear_scan", "sharded_selective_scan"]
@@ -101,44 +100,27 @@ def sharded_linear_scan(a, b, *, mesh, spec, axis=0, reverse=False, h0=None, ret
     `spec` gives a and b's (and the result's) sharding; its entry for `axis` may name one mesh
     axis, which then splits the scanned axis into contiguous chunks, one per device along it,
     in device order. Other entries shard the independent dimensions as usual. h0 (default
-    zeros) has the result's shape without `axis` and the matching spec. Returns h, or
-    (h, a_prod) with return_a_prod=True, laid out as a and b. Differentiable, jittable and
-    vmappable like linear_scan; `algorithm` is passed to each device's kernel.
+    zeros) has the result's shape without `axis` and the matching spec; a and b broadcast as for
+    linear_scan. Returns h, or (h, a_prod) with return_a_prod=True, laid out as a and b.
+    Differentiable, jittable and vmappable like linear_scan; `algorithm` is passed to each
+    device's kernel.
     """
-    check_array("a", a)
-    check_array("b", b)
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
     if not isinstance(spec, PartitionSpec):
         raise TypeError(f"spec must be a jax.sharding.PartitionSpec, got {type(spec).__name__}")
-    dtype = result_dtype(a=a, b=b)
-    if np.shape(a) != np.shape(b):
-        raise ValueError(f"a and b must have the same shape, got a{tuple(np.shape(a))} and b{tuple(np.shape(b))}")
-    shape = tuple(np.shape(a))
-    if len(shape) == 0:
-        raise ValueError("a and b must have at least one dimension (the scanned axis)")
+    a, b, h0, axis, reverse, return_a_prod = prepare(a, b, axis=axis, reverse=reverse, h0=h0,
+                                                     return_a_prod=return_a_prod, algorithm=algorithm)
+    shape = a.shape
     if len(spec) > len(shape):
         raise ValueError(f"spec {spec} has more entries than a and b have dimensions ({len(shape)})")
-    axis = normalize_axis(axis, len(shape))
-    reverse = check_bool("reverse", reverse)
-    return_a_prod = check_bool("return_a_prod", return_a_prod)
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     seq = _seq_axis_name(spec, axis, mesh)
     if seq is not None and shape[axis] % mesh.shape[seq] != 0:
         raise ValueError(f"axis {axis} has length {shape[axis]}, which mesh axis {seq!r} "
                          f"({mesh.shape[seq]} devices) does not divide into equal chunks")
     entries = tuple(spec) + (None,) * (len(shape) - len(spec))
     state_spec = PartitionSpec(*(entries[:axis] + entries[axis + 1:]))
-    state_shape = shape[:axis] + shape[axis + 1:]
-    if h0 is None:
-        h0 = jnp.zeros(state_shape, dtype)
-    else:
-        check_array("h0", h0)
-        dtype = result_dtype(a=a, b=b, h0=h0)
-        if tuple(np.shape(h0)) != state_shape:
-            raise ValueError(f"h0 must have shape {state_shape} (the result's shape without axis {axis}), "
-                             f"got {tuple(np.shape(h0))}")
+
     def local(a, b, h0):
         if seq is None:  # the scanned axis is whole on every device
             outs = linear_scan(a, b, axis=axis, reverse=reverse, h0=h0, return_a_prod=return_a_prod,
@@ -150,7 +132,7 @@ def sharded_linear_scan(a, b, *, mesh, spec, axis=0, reverse=False, h0=None, ret
     nout = 2 if return_a_prod else 1
     f = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, state_spec), out_specs=(spec,) * nout,
                       check_vma=False)
-    outs = f(jnp.asarray(a, dtype), jnp.asarray(b, dtype), jnp.asarray(h0, dtype))
+    outs = f(a, b, h0)
     return tuple(outs) if return_a_prod else outs[0]
 
 

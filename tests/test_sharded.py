@@ -124,6 +124,15 @@ def test_vmap_and_jit():
 
 
 @needs_devices
+def test_a_and_b_broadcast_as_for_linear_scan():
+    rng = np.random.default_rng(9)
+    a = rng.uniform(0.5, 1.0, (1, 32))  # one row of decays for every row of b
+    b = rng.standard_normal((3, 32))
+    got = sharded_linear_scan(a, b, mesh=seq_mesh(), spec=P(None, "seq"), axis=1, reverse=True)
+    np.testing.assert_allclose(got, np_linear_scan(np.broadcast_to(a, b.shape), b, axis=1, reverse=True), rtol=1e-12)
+
+
+@needs_devices
 def test_only_the_chunk_totals_cross_devices():
     # each device scans its chunk with our kernel; the only collectives gather state-sized totals
     a = jnp.ones((8, 1024), jnp.float32)
@@ -158,7 +167,7 @@ def test_nan_propagates_across_chunks(reverse):
     (dict(spec=(None, "seq")), TypeError, "PartitionSpec"),
     (dict(mesh="seq"), TypeError, "Mesh"),
     (dict(h0_shape=(3,)), ValueError, "h0 must have shape"),
-    (dict(b_shape=(2, 16)), ValueError, "same shape"),
+    (dict(b_shape=(2, 16)), ValueError, "broadcast-compatible"),
     (dict(dtype=np.int32), TypeError, "dtype int32"),
 ])
 def test_bad_input_errors_name_the_argument(kwargs, error, match):
