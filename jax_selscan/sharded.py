@@ -53,6 +53,22 @@ def _seq_axis_name(spec, axis, mesh):
     return names[0]
 
 
+def _check_divides(name, shape, spec, mesh):
+    """Every dimension that `spec` shards must split into equal blocks (shard_map's rule), said
+    with the argument and dimension named."""
+    for i, entry in enumerate(tuple(spec)[:len(shape)]):
+        if entry is None:
+            continue
+        names = entry if isinstance(entry, tuple) else (entry,)
+        for n in names:
+            if n not in mesh.axis_names:
+                raise ValueError(f"spec[{i}] names {n!r}, which is not an axis of the mesh {mesh.axis_names}")
+        size = int(np.prod([mesh.shape[n] for n in names]))
+        if shape[i] % size:
+            raise ValueError(f"{name} has length {shape[i]} on axis {i}, which mesh axis {entry!r} "
+                             f"({size} devices) does not divide into equal chunks")
+
+
 def _fold_carries(tot_a, tot_h, h0, seq, reverse):
     """Each chunk's incoming state, given every device's chunk totals (the product of a over the
     chunk, its last state from zero) and h0: the gathered totals folded from h0 in scan order
@@ -115,9 +131,7 @@ def sharded_linear_scan(a, b, *, mesh, spec, axis=0, reverse=False, h0=None, ret
     if len(spec) > len(shape):
         raise ValueError(f"spec {spec} has more entries than a and b have dimensions ({len(shape)})")
     seq = _seq_axis_name(spec, axis, mesh)
-    if seq is not None and shape[axis] % mesh.shape[seq] != 0:
-        raise ValueError(f"axis {axis} has length {shape[axis]}, which mesh axis {seq!r} "
-                         f"({mesh.shape[seq]} devices) does not divide into equal chunks")
+    _check_divides("a", shape, spec, mesh)
     entries = tuple(spec) + (None,) * (len(shape) - len(spec))
     state_spec = PartitionSpec(*(entries[:axis] + entries[axis + 1:]))
 
@@ -156,9 +170,7 @@ def sharded_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, d
         raise ValueError(f"spec {spec} has more entries than u has dimensions (batch, D, L)")
     sb, sd, sl = tuple(spec) + (None,) * (3 - len(spec))
     seq = _seq_axis_name(spec, 2, mesh)
-    if seq is not None and length % mesh.shape[seq] != 0:
-        raise ValueError(f"u has length {length}, which mesh axis {seq!r} ({mesh.shape[seq]} devices) "
-                         "does not divide into equal chunks")
+    _check_divides("u", args.u.shape, spec, mesh)
     nd = 1 if sd is None else int(np.prod([mesh.shape[n] for n in (sd if isinstance(sd, tuple) else (sd,))]))
 
     def bc_spec(name, x):

@@ -162,6 +162,7 @@ def test_nan_propagates_across_chunks(reverse):
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(spec=P(None, "seq"), shape=(2, 30)), ValueError, "does not divide"),
     (dict(spec=P(None, "time")), ValueError, "not an axis of the mesh"),
+    (dict(spec=P("seq", None), shape=(3, 32)), ValueError, "a has length 3 on axis 0"),
     (dict(spec=P(None, ("seq", "seq"))), ValueError, "at most one mesh axis"),
     (dict(spec=P(None, "seq", None)), ValueError, "more entries"),
     (dict(spec=(None, "seq")), TypeError, "PartitionSpec"),
@@ -393,6 +394,7 @@ def test_selective_gradients_match_the_reference(dtype):
 @pytest.mark.parametrize("change, error, match", [
     (dict(spec=P(None, "data", "seq"), dim=6, groups=3), ValueError, "groups, which the 2 shards"),
     (dict(length=31), ValueError, "does not divide"),
+    (dict(spec=P("data", "seq", None), dim=5, groups=1), ValueError, "u has length 5 on axis 1"),
     (dict(spec=P(None, None, "seq", None)), ValueError, "more entries"),
     (dict(spec=P(None, None, "time")), ValueError, "not an axis of the mesh"),
     (dict(mesh=None), TypeError, "Mesh"),
