@@ -5,6 +5,7 @@ The tests need 4 devices. XLA makes them only if --xla_force_host_platform_devic
 before JAX starts, so when this process has fewer, one test reruns this file in a subprocess
 with the flag (and its failures are that test's).
 """
+import contextlib
 import os
 import re
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.test_util import check_grads
 
-from jax_selscan import primitives, selective_scan
+from jax_selscan import _partitioning, primitives, selective_scan
 from jax_selscan import selective_scan_primitives as ssp
 from jax_selscan import linear_scan, selective_scan_ref, sharded_linear_scan, sharded_selective_scan
 from references import selective_scan_np
@@ -186,6 +187,16 @@ def test_bad_input_errors_name_the_argument(kwargs, error, match):
 
 # --- plain linear_scan under jit with sharded operands (the primitive's partitioning rule) ----
 
+@contextlib.contextmanager
+def rule_off(prim):
+    """The primitive lowered as if it had no partitioning rule (what XLA did before them)."""
+    _partitioning._DECLARED.discard(prim)
+    try:
+        yield
+    finally:
+        _partitioning._DECLARED.add(prim)
+
+
 def gathers(compiled_text):
     return re.findall(r"= (\w+\[[\d,]*\])[^\n]*? all-gather\(", compiled_text)
 
@@ -212,6 +223,10 @@ def test_jit_keeps_independent_dimensions_sharded(shape, axis, spec, reverse):
     assert_close(p, want_p, np.float32)
     assert h.sharding.is_equivalent_to(NamedSharding(seq_mesh(), spec), len(shape))  # not gathered
     assert not gathers(f.lower(*args).compile().as_text())
+    with rule_off(primitives.linear_scan_p):  # the check can fail: without the rule XLA gathers a
+        text = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0)).lower(*args)
+        text = text.compile().as_text()
+    assert f"f32[{','.join(map(str, shape))}]" in gathers(text)
     # and the gradient (scans of the transposed recurrence, partitioned alike)
     loss = lambda a, b, h0: jnp.sum(jnp.sin(linear_scan(a, b, axis=axis, reverse=reverse, h0=h0)))
     g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
@@ -273,6 +288,9 @@ def test_jit_selective_scan_keeps_the_batch_sharded(direction, b_kind, options):
                           np.dtype(np.float32), direction, True, direction)
     assert res[0].sharding.is_equivalent_to(NamedSharding(mesh, P("seq")), 3)  # each device its batch rows
     assert not gathers(f.lower(xs).compile().as_text())
+    with rule_off(ssp.selective_scan_p):  # the check can fail: without the rule XLA gathers u
+        text = jax.jit(lambda x: selective_scan(**x, **flags)).lower(xs).compile().as_text()
+    assert f"f32[{','.join(map(str, x['u'].shape))}]" in gathers(text)
     # the gradients: per-batch ones stay sharded, the batch sums are all-reduced
     names = [k for k, v in x.items() if v is not None]
     cot = jnp.asarray(rng.standard_normal((8, 4, 24)), np.float32)
