@@ -12,7 +12,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
-__all__ = ["declare", "applies", "spec_of", "named", "lower_partitioned"]
+__all__ = ["declare", "applies", "spec_of", "named", "axis_size", "lower_partitioned"]
 
 _DECLARED = set()
 
@@ -51,6 +51,17 @@ def spec_of(sharding, ndim):
 
 def named(mesh, entries):
     return NamedSharding(mesh, PartitionSpec(*entries))
+
+
+def axis_size(mesh, entry) -> int:
+    """How many blocks a PartitionSpec entry (None, a mesh axis name, or a tuple of them) cuts
+    a dimension into on `mesh`."""
+    if entry is None:
+        return 1
+    size = 1
+    for name in entry if isinstance(entry, tuple) else (entry,):
+        size *= mesh.shape[name]
+    return size
 
 
 def lower_partitioned(ctx, ops, call, rule, partition, replicated):

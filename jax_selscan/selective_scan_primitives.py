@@ -705,7 +705,7 @@ def _split_rule(prim, kernel, in_kinds, out_kinds):
 
         def partition(mesh, arg_shapes):
             spec = _partitioning.spec_of(arg_shapes[0].sharding, 3)  # u's layout
-            size = lambda e: 1 if e is None else int(np.prod([mesh.shape[n] for n in (e if isinstance(e, tuple) else (e,))]))
+            size = lambda e: _partitioning.axis_size(mesh, e)
             batch, chan = spec[0], spec[1]
             groups = [x.shape[1] for x in (B, C) if x.ndim == 4]
             if chan is not None and (u.shape[1] % size(chan) or any(g > 1 and g % size(chan) for g in groups)):
@@ -747,6 +747,6 @@ PARTITIONED = ((_ffi.HAS_CPU or _ffi.HAS_CUDA) and _partitioning.declare(selecti
                and _partitioning.declare(selective_scan_bwd_p))
 for _platform in [p for p in ("cpu", "cuda") if p in _fwd_rules]:
     mlir.register_lowering(selective_scan_p, _split_rule(selective_scan_p, selective_scan_kernel_p,
-                                                               _fwd_in, _fwd_out), platform=_platform)
+                                                         _fwd_in, _fwd_out), platform=_platform)
     mlir.register_lowering(selective_scan_bwd_p, _split_rule(selective_scan_bwd_p, selective_scan_bwd_kernel_p,
-                                                                   _bwd_in, _bwd_out), platform=_platform)
+                                                             _bwd_in, _bwd_out), platform=_platform)

@@ -15,7 +15,7 @@
 #    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # Also: variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
-# events; VB_ENV="VB_ROWS=1" picks the shape set), main_bench (python -m jax_selscan.bench
+# events; VB_ENV="VB_ROWS=1" picks the shape set), variants_ab (prebuilt benches in turn: VB_AB), main_bench (python -m jax_selscan.bench
 # and examples/lru_drop_in.py, the README's plot), cpu_bench (the CPU selective-scan
 # benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON;
 # CPU_SCALING=0 skips the curve; JSS_CUDA=OFF builds the CPU extension alone).
@@ -113,6 +113,17 @@ if has variants; then
   [[ -n "${VB_BIN:-}" ]] || nvcc -O3 -std=c++17 -arch=sm_$ARCH --expt-relaxed-constexpr -Icuda cuda/tools/variant_bench.cu \
     cuda/dispatch.cc -o "$VB" > "$LOGS/build_variants.log" 2>&1 || status=1
   TAIL=40 step variants 240 env ${VB_ENV:-} "$VB"
+fi
+# variants_ab: several variant benches (VB_AB="path1 path2 ...", e.g. a build of the previous
+# commit and of this one, carried) run in turn VB_AB_RUNS times (default 2) in this one call,
+# each run in its own log (variants_ab_<i>_<name>.log, i counting the runs), with the env VB_ENV.
+if has variants_ab; then
+  i=0
+  for run in $(seq 1 "${VB_AB_RUNS:-2}"); do
+    for vb in ${VB_AB:-}; do
+      i=$((i + 1)); TAIL=40 step "variants_ab_${i}_$(basename "$vb")" 240 env ${VB_ENV:-} "$vb"
+    done
+  done
 fi
 has driver && step driver ${DRIVER_LIMIT:-240} "$DRV" check ${CHECK_ONLY:-}
 has determinism && step determinism 240 "$DRV" determinism 500 ${DET_FILTER:-}
