@@ -8,7 +8,8 @@
 # ss_pytest_rows (the forward/backward tests with the round-1 kernels forced:
 # JAX_SELSCAN_SS_FWD=rows JAX_SELSCAN_SS_BWD=rows; SS_PYTEST_K="expr" selects tests of ss_pytest
 # with pytest -k),
-# ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_bench
+# ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_ncu_ab (ncu A/B of wheels:
+# SS_AB_WHEELS), ss_bench
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
 #   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
@@ -142,6 +143,22 @@ fi
 (cd /tmp && $PY -c "import jax_selscan as j; print('has_cuda_kernels', j.has_cuda_kernels)") || status=1
 has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
 has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider ${PYTEST_ARGS:-}
+# ss_ncu_ab: the forward (SS_AB_KERNELS, default fwd_staged) under Nsight Compute, the A/B of
+# PERFORMANCE_SELECTIVE_SCAN_CUDA 8 and 10: for each wheel of SS_AB_WHEELS ("old.whl new.whl",
+# carried) in turn, installed, then ncu over cuda/tools/ss_profile.py per dtype of SS_AB_DTYPES.
+# The wheel listed last stays installed for the stages after it.
+if has ss_ncu_ab; then
+  i=0
+  for whl in ${SS_AB_WHEELS:-}; do
+    i=$((i + 1))
+    $PY -m pip install --no-deps --force-reinstall "$whl" > "$LOGS/ss_ab_install_$i.log" 2>&1 || status=1
+    for dt in ${SS_AB_DTYPES:-bfloat16 float32}; do
+      SS_PROFILE_DTYPE=$dt TAIL=${SS_AB_TAIL:-12} step "ss_ncu_ab_${i}_$dt" 300 ncu --clock-control none \
+        -k regex:"${SS_AB_KERNELS:-fwd_staged}" -c "${SS_AB_COUNT:-2}" --section SpeedOfLight \
+        --section WarpStateStats --section InstructionStats $PY -P cuda/tools/ss_profile.py
+    done
+  done
+fi
 has ss_pytest && JAX_SELSCAN_BIG_TESTS=${SS_BIG:-1} JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
   step ss_pytest ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider \
   ${SS_PYTEST_K:+-k "$SS_PYTEST_K"} ${SS_PYTEST_ARGS:-}
