@@ -145,7 +145,8 @@ has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "
 has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider ${PYTEST_ARGS:-}
 # ss_ncu_ab: the forward (SS_AB_KERNELS, default fwd_staged) under Nsight Compute, the A/B of
 # PERFORMANCE_SELECTIVE_SCAN_CUDA 8 and 10: for each wheel of SS_AB_WHEELS ("old.whl new.whl",
-# carried) in turn, installed, then ncu over cuda/tools/ss_profile.py per dtype of SS_AB_DTYPES.
+# carried) in turn, installed, then ncu over cuda/tools/ss_profile.py per dtype of SS_AB_DTYPES
+# (SS_AB_SECTIONS: other ncu --section flags).
 # The wheel listed last stays installed for the stages after it.
 if has ss_ncu_ab; then
   i=0
@@ -154,8 +155,9 @@ if has ss_ncu_ab; then
     $PY -m pip install --no-deps --force-reinstall "$whl" > "$LOGS/ss_ab_install_$i.log" 2>&1 || status=1
     for dt in ${SS_AB_DTYPES:-bfloat16 float32}; do
       SS_PROFILE_DTYPE=$dt TAIL=${SS_AB_TAIL:-12} step "ss_ncu_ab_${i}_$dt" 300 ncu --clock-control none \
-        -k regex:"${SS_AB_KERNELS:-fwd_staged}" -c "${SS_AB_COUNT:-2}" --section SpeedOfLight \
-        --section WarpStateStats --section InstructionStats $PY -P cuda/tools/ss_profile.py
+        -k regex:"${SS_AB_KERNELS:-fwd_staged}" -c "${SS_AB_COUNT:-2}" \
+        ${SS_AB_SECTIONS:---section SpeedOfLight --section WarpStateStats --section InstructionStats} \
+        $PY -P cuda/tools/ss_profile.py
     done
   done
 fi
