@@ -27,20 +27,20 @@ mkdir -p "$out"
 objs=()
 isa() {  # name, extra flags...
   local name="$1"; shift
-  "$CXX" "${flags[@]}" "$@" -DJSS_ISA_NAME="$name" -c "$src/kernels_isa.cc" -o "$out/k_$name.o" &
-  "$CXX" "${flags[@]}" "$@" -DJSS_ISA_NAME="$name" -c "$src/selective_scan_isa.cc" -o "$out/ss_$name.o" &
+  $CXX "${flags[@]}" "$@" -DJSS_ISA_NAME="$name" -c "$src/kernels_isa.cc" -o "$out/k_$name.o" &
+  $CXX "${flags[@]}" "$@" -DJSS_ISA_NAME="$name" -c "$src/selective_scan_isa.cc" -o "$out/ss_$name.o" &
   wait
-  "$CXX" "${flags[@]}" "$@" -DJSS_ISA_NAME="$name" -c "$src/selective_scan_bwd_isa.cc" -o "$out/ssb_$name.o"
+  $CXX "${flags[@]}" "$@" -DJSS_ISA_NAME="$name" -c "$src/selective_scan_bwd_isa.cc" -o "$out/ssb_$name.o"
   objs+=("$out/k_$name.o" "$out/ss_$name.o" "$out/ssb_$name.o")
 }
 isa generic -DJSS_SIMD_GENERIC
-case "$("$CXX" -dumpmachine)" in
+case "$($CXX -dumpmachine)" in
   x86_64*) isa avx2 -mavx2 -mfma -mf16c; isa avx512 -mavx512f -mavx2 -mfma -mf16c ;;
   aarch64*) isa neon ;;
 esac
 core=("$src/driver.cc" "$src/dispatch.cc" "$src/selective_scan_cpu.cc" "$src/selective_scan_bwd_cpu.cc")
-"$CXX" "${flags[@]}" -pthread "$here/test_selective_scan.cc" "${core[@]}" "${objs[@]}" -o "$out/test_selective_scan"
-"$CXX" "${flags[@]}" -pthread "$here/test_exp2_ulp.cc" "${core[@]}" "${objs[@]}" -o "$out/test_exp2_ulp"
+$CXX "${flags[@]}" -pthread "$here/test_selective_scan.cc" "${core[@]}" "${objs[@]}" -o "$out/test_selective_scan"
+$CXX "${flags[@]}" -pthread "$here/test_exp2_ulp.cc" "${core[@]}" "${objs[@]}" -o "$out/test_exp2_ulp"
 if [[ $arm == 1 ]]; then
   "${runner[@]}" "$out/test_selective_scan" --quick
   "${runner[@]}" "$out/test_exp2_ulp" --stride "${EXP2_STRIDE:-997}"
