@@ -3,15 +3,14 @@
 // A block owns kSRows rows (channels d0 .. d0+31 of one batch element, all in one B group
 // and one C group) and walks them through time in kST-step tiles:
 //   1. stage: the block's threads turn the tile's elements, loaded one tile ahead into
-//      registers with coalesced vector loads, into per-element float2s in shared memory,
-//      X = (dt, dt*u), and the tile's B and C into (B, C) pairs per step and state. softplus,
-//      silu(z), D*u and the bidirectional add are computed here, once per element; (add,
-//      gate) stay in the staging thread's registers until it writes those elements out.
-//   2. walk: P lanes per row, NS states per lane in registers; per step one float2 of X,
-//      NS (B, C) pairs, NS x (ex2, FMAs). y: with 8 lanes of 2 states, each lane stores its
-//      partial sums to shared memory (YP, four steps a store) and the write-out adds the 8;
-//      otherwise an xor reduce-scatter over the P lanes, the sums to Y in shared memory.
-//   3. write: (y + add) * gate, coalesced vector stores.
+//      registers with coalesced vector loads, into per-element float4s in shared memory,
+//      X = (dt, dt*u, add, gate), and the tile's B and C into (B, C) pairs per step and
+//      state. softplus, silu(z), D*u and the bidirectional add are computed here, once per
+//      element.
+//   2. walk: P lanes per row, NS states per lane in registers; per step one float4 of X,
+//      NS (B, C) pairs, NS x (ex2, FMAs), an xor-sum of y over the P lanes; one lane writes
+//      (y + add) * gate to Y in shared memory.
+//   3. write: coalesced vector stores of Y.
 // Two barriers per tile; the shared buffers are double-buffered so staging tile k+1 never
 // waits for the write of tile k. Steps past the sequence are identities (dt = 0).
 #pragma once
@@ -26,7 +25,7 @@ namespace ssk {
 
 constexpr int kSRows = 32;    // rows per block
 constexpr int kST = 32;       // steps per tile (multiple of kCk and of 4)
-constexpr int kSX = kST + 1;  // row stride of X (float2s; the backward's float4s): rows of a warp fall in distinct banks
+constexpr int kSX = kST + 1;  // row stride of X and Y: rows of a warp fall in distinct banks
 constexpr int kSVec = kSRows * kST / 4;  // 4-element vectors per array and tile
 
 // Four consecutive elements as loaded (float4, or 4 packed 16-bit values): the prefetched tile
@@ -157,27 +156,13 @@ constexpr int kYS = 40;
 __host__ __device__ constexpr int yidx(int r, int i) { return r * kYS + i + (i >> 3); }
 static_assert(yidx(kSRows - 1, kST - 1) < kSRows * kYS, "y fits its rows");
 
-// y through shared memory (PERFORMANCE_SELECTIVE_SCAN_CUDA 10): with 8 lanes of 2 states the
-// reduce-scatter cost 1.75 instructions per state and step; storing each lane's partial sums
-// and adding them in the write-out costs ≈ 0.7. One buffer (the walk of tile k + 1 starts
-// after the barrier that follows tile k's write-out). Lane q of row r holds its kST partials at
-// YP[r * kYPR + q * kYPQ + slot]: the walk's float4 stores (8 lanes of a row) and the write-out's
-// float4 loads (4 rows x 2 vectors) each fall in 8 distinct 16-byte bank groups.
-template <int P, int NS> constexpr bool kYShared = P == 8 && NS == 2;
-constexpr int kYPQ = kST + 4;
-constexpr int kYPR = 8 * kYPQ + 8;
-static_assert(kYPQ % 32 == 4 && kYPR % 32 == 8, "YP bank layout");
-
-// Shared-memory floats of one double-buffered part (X, BC, and Y unless kYShared) for NP
-// (padded) states; the kernel's dynamic shared memory: two of them, YP, and the rows' delta
-// bias and output multiplier.
-template <int P, int NS>
-__host__ __device__ constexpr int staged_buf_floats() {
-  return kSRows * kSX * 2 + kST * P * NS * 2 + (kYShared<P, NS> ? 0 : kSRows * kYS);
+// Shared-memory floats of one buffer for NP (padded) states; the kernel's dynamic shared
+// memory: two buffers and the rows' delta bias and output multiplier.
+__host__ __device__ constexpr int staged_buf_floats(int NP) {
+  return kSRows * kSX * 4 + kST * NP * 2 + kSRows * kYS;
 }
-template <int P, int NS>
-__host__ __device__ constexpr size_t staged_smem_bytes() {
-  return sizeof(float) * (2 * staged_buf_floats<P, NS>() + (kYShared<P, NS> ? kSRows * kYPR : 0) + 2 * kSRows);
+__host__ __device__ constexpr size_t staged_smem_bytes(int NP) {
+  return sizeof(float) * (2 * staged_buf_floats(NP) + 2 * kSRows);
 }
 
 // Whether the staged kernel takes this problem: varying B and C whose groups never split a
@@ -199,8 +184,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   constexpr int VPT = (kSVec + NT - 1) / NT;            // u/delta/z vectors per thread
   constexpr int BCV = NP * kST / 4;                     // B (or C) vectors per tile
   constexpr int BPT = (BCV + NT - 1) / NT;
-  constexpr int BUF = staged_buf_floats<P, NS>();
-  constexpr bool YS = kYShared<P, NS>;
+  constexpr int BUF = staged_buf_floats(NP);
   static_assert(NS % 2 == 0, "the walk reads (B, C) of two states at a time");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -305,8 +289,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   // The block's rows' delta bias and output multiplier (add = addmul * u), read once into
   // shared memory rather than from global memory per tile (each such read stalled the
   // staging; registers for them made the 80-register kernels spill).
-  float* YP = smem + 2 * BUF;               // kYShared: the lanes' partial y sums (one buffer)
-  float* RB = YP + (YS ? kSRows * kYPR : 0);
+  float* RB = smem + 2 * BUF;
   float* RM = RB + kSRows;
   if (tid < kSRows) {
     const int64_t dd = d0 + tid < Dm ? d0 + tid : 0;
@@ -315,12 +298,10 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     RM[tid] = mode == kFinal ? Dd : (mode == kAddY ? 2.f * Dd : 0.f);
   }
   __syncthreads();
-  // (add, gate) of this thread's staged elements, from the staging to the write-out of a tile.
-  float2 ag[VPT][4];
   auto stage_tile = [&](int64_t k, float* buf) {
     const int64_t t0 = tm.t0(k);
-    float2* X = reinterpret_cast<float2*>(buf);
-    float2* BC = reinterpret_cast<float2*>(buf + kSRows * kSX * 2);
+    float4* X = reinterpret_cast<float4*>(buf);
+    float2* BC = reinterpret_cast<float2*>(buf + kSRows * kSX * 4);
     // Per mode: add = addmul * u (kAddY adds ybuf when writing), gate = silu(z) unless kRawY.
     const bool gated = z && mode != kRawY;
 #pragma unroll
@@ -339,10 +320,10 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       auto elem = [&](int e) {
         const float xb = dv[e] + bias;
         const float dt = p.softplus ? softplus_fast(xb) : xb;
-        ag[m][e] = make_float2(addmul * uv[e], gated ? silu_fast(zv[e]) : 1.f);
-        return make_float2(dt, dt * uv[e]);
+        const float g = gated ? silu_fast(zv[e]) : 1.f;
+        return make_float4(dt, dt * uv[e], addmul * uv[e], g);
       };
-      float2* Xr = X + rr * kSX;
+      float4* Xr = X + rr * kSX;
       if (full) {  // every tile but a sequence's last: no per-element bounds
 #pragma unroll
         for (int e = 0; e < 4; ++e) Xr[slot(i0 + e)] = elem(e);
@@ -350,8 +331,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const bool valid = ok && t + e >= 0 && t + e < L;
-          const float2 x = elem(e);
-          Xr[slot(i0 + e)] = valid ? x : make_float2(0.f, 0.f);
+          Xr[slot(i0 + e)] = valid ? elem(e) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
       }
     }
@@ -378,11 +358,11 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     // The walk through the tile's steps; slot j is step j. Per group of kG steps the P
     // lanes of a row keep their partial y in registers and then reduce-scatter them, so
     // no shared-memory store sits between the steps of a group.
-    const float2* X = reinterpret_cast<const float2*>(buf) + r * kSX;
-    const float* BC = buf + kSRows * kSX * 2 + 2 * q * NS;
-    float* Y = buf + kSRows * kSX * 2 + kST * NP * 2;
+    const float4* X = reinterpret_cast<const float4*>(buf) + r * kSX;
+    const float* BC = buf + kSRows * kSX * 4 + 2 * q * NS;
+    float* Y = buf + kSRows * kSX * 4 + kST * NP * 2;
     auto step = [&](int j) {
-      const float2 x = X[j];
+      const float4 x = X[j];
       const float* bc = BC + j * NP * 2;
       float y = 0.f;
 #pragma unroll
@@ -395,23 +375,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       }
       return y;
     };
-    if (outputs && YS) {
-      // Each lane's partial sums, four steps a store; the write-out adds the lanes' partials.
-      float* ckp = a.ckpt && rlive ? a.ckpt + row * a.ck_row + (k * kST / kCk) * N + q * NS : nullptr;
-      float* yp = YP + r * kYPR + q * kYPQ;
-#pragma unroll
-      for (int j0 = 0; j0 < kST; j0 += 4) {
-        if (ckp && j0 % kCk == 0 && k * kST + j0 < L) {  // the states entering each checkpoint chunk
-#pragma unroll
-          for (int sx = 0; sx < NS; ++sx)
-            if (q * NS + sx < N) ckp[(j0 / kCk) * N + sx] = h[sx];
-        }
-        float y4[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) y4[e] = step(j0 + e);
-        *reinterpret_cast<float4*>(yp + j0) = make_float4(y4[0], y4[1], y4[2], y4[3]);
-      }
-    } else if (outputs) {
+    if (outputs) {
       // The tile's 4 groups unrolled, each group's y reduction issued after the next group's
       // first loads, so that its chain of shuffles (three levels, each waiting for the last)
       // overlaps that group's steps instead of stalling the warp; the last group's reduction
@@ -469,7 +433,8 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 
     if (outputs) {  // out = (y + add) * gate, coalesced
       const int64_t t0 = tm.t0(k);
-      const float* Yb = buf + kSRows * kSX * 2 + kST * NP * 2;
+      const float4* Xb = reinterpret_cast<const float4*>(buf);
+      const float* Yb = buf + kSRows * kSX * 4 + kST * NP * 2;
       const bool inside = tile_inside(t0);
 #pragma unroll
       for (int m = 0; m < VPT; ++m) {
@@ -478,27 +443,14 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         const int rr = vec_row(v), i0 = vec_step(v);
         const int64_t o0 = voff[m] + t0, t = t0 + i0;  // o0: the element of time t
         auto live = [&](int e) { return inside || (t + e >= 0 && t + e < L); };
-        float y[4];
-        if constexpr (YS) {  // the P lanes' partials of steps i0 .. i0 + 3 (slots descending when reversed)
-          const float* yp = YP + rr * kYPR + (rev ? kST - 4 - i0 : i0);
-          float4 s4 = *reinterpret_cast<const float4*>(yp);
-#pragma unroll
-          for (int l = 1; l < P; ++l) {
-            const float4 v4 = *reinterpret_cast<const float4*>(yp + l * kYPQ);
-            s4.x += v4.x; s4.y += v4.y; s4.z += v4.z; s4.w += v4.w;
-          }
-          y[0] = rev ? s4.w : s4.x; y[1] = rev ? s4.z : s4.y;
-          y[2] = rev ? s4.y : s4.z; y[3] = rev ? s4.x : s4.w;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) y[e] = Yb[yidx(rr, slot(i0 + e))];
-        }
         float o[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          o[e] = y[e] + ag[m][e].x;
+          const int sl = slot(i0 + e);
+          const float4 x = Xb[rr * kSX + sl];
+          o[e] = Yb[yidx(rr, sl)] + x.z;
           if (mode == kAddY) o[e] += live(e) ? a.ybuf[o0 + e] : 0.f;
-          o[e] *= ag[m][e].y;
+          o[e] *= x.w;
         }
         if (mode == kRawY) {
 #pragma unroll
@@ -532,7 +484,7 @@ template <class T, int P, int NS>
 cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const size_t smem = staged_smem_bytes<P, NS>();
+  const size_t smem = staged_smem_bytes(P * NS);
   auto kern = fwd_staged_kernel<T, P, NS>;
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
@@ -557,7 +509,7 @@ template <class T, int P, int NS>
 int staged_blocks_per_sm() {
   static const int n = [] {
     // The occupancy query counts dynamic shared memory above 48 KB only once allowed.
-    const int smem = static_cast<int>(staged_smem_bytes<P, NS>());
+    const int smem = static_cast<int>(staged_smem_bytes(P * NS));
     cudaFuncSetAttribute(fwd_staged_kernel<T, P, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     int k = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&k, fwd_staged_kernel<T, P, NS>, kSRows * P,
