@@ -705,12 +705,12 @@ def _split_rule(prim, kernel, in_kinds, out_kinds):
 
         def partition(mesh, arg_shapes):
             spec = _partitioning.spec_of(arg_shapes[0].sharding, 3)  # u's layout
-            size = lambda e: _partitioning.axis_size(mesh, e)
             batch, chan = spec[0], spec[1]
+            nchan = _partitioning.axis_size(mesh, chan)
             groups = [x.shape[1] for x in (B, C) if x.ndim == 4]
-            if chan is not None and (u.shape[1] % size(chan) or any(g > 1 and g % size(chan) for g in groups)):
+            if u.shape[1] % nchan or any(g > 1 and g % nchan for g in groups):
                 chan = None  # channel blocks that would cut a group: gathered
-            if batch is not None and u.shape[0] % size(batch):
+            if u.shape[0] % _partitioning.axis_size(mesh, batch):
                 batch = None
 
             def layout(av, roles):
