@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   float* RD = BCs + kST * NP * 2;   // reduced ddt (pre-sigmoid), [row][step]
   float* RU = RD + kSRows * kSX;    // reduced du (state part)
   float* RY = RU + kSRows * kSX;    // reduced y
-  float* SB = RY + kSRows * kSX;    // [step in chunk][row][state] dB terms
+  float* SB = RY + kSRows * kSX;    // [step in chunk][row][lane q, state(s) at q NS + s] dB terms
   float* SC = SB + kBH * PS;        // dC terms
   float* RB = SC + kBH * PS;        // the rows' delta bias
   float* RDk = RB + kSRows;         // the rows' D
@@ -71,8 +71,10 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   const T* Cp = static_cast<const T*>(p.C) + (b * p.groups_c + d0 / (Dm / p.groups_c)) * N * L;
   const float dmult = a.ndir == 2 ? 2.f : 1.f;
 
-  // Walking lane: row r, states q*NS ...
+  // Walking lane: row r, states q, q + P, ... (state(s); interleaved as in the forward, so
+  // that each state's (B, C) is its own 8-byte load, which cannot fuse into a 16-byte one).
   const int r = tid / P, q = tid % P;
+  auto state = [&](int s) { return q + s * P; };
   const int64_t d = d0 + r, row = b * Dm + d;
   // This block's L chunk: tiles [kb, ke) in walking order, walked backwards (all of them
   // without a split).
@@ -83,7 +85,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   float an[NS], a2[NS], g[NS], accA[NS], S = 0.f;
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
-    const int64_t n = q * NS + s;
+    const int64_t n = state(s);
     an[s] = n < N ? p.A[d * N + n] : 0.f;
     a2[s] = an[s] * kLog2e;
     g[s] = 0.f;
@@ -182,19 +184,15 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   // chunk of work. Chunk ci covers steps [ci kBC, ci kBC + kBC); past L (and in phase A) 0.
   static_assert(kBC == kCk, "one checkpoint per walk chunk");
   const int64_t K = (L + kCk - 1) / kCk;
-  const float* ckrow = a.ckpt ? a.ckpt + row * a.ck_row + q * NS : nullptr;
-  const bool ckvec = (N & 3) == 0 && (a.ck_row & 3) == 0 &&
-                     (reinterpret_cast<uintptr_t>(a.ckpt) & 15) == 0;
-  auto load_ck = [&](int64_t ci) {
+  const float* ckrow = a.ckpt ? a.ckpt + row * a.ck_row + q : nullptr;
+  auto load_ck = [&](int64_t ci) {  // the P lanes of a row read P consecutive floats per state
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (a.chunk_end || ci < 0 || ci >= K || q * NS >= N) return v;
+    if (a.chunk_end || ci < 0 || ci >= K || q >= N) return v;
     const float* src = ckrow + ci * N;
-    if (ckvec) return *reinterpret_cast<const float4*>(src);
-    const int nv = static_cast<int>(N - q * NS);
     v.x = src[0];
-    if (nv > 1) v.y = src[1];
-    if (nv > 2) v.z = src[2];
-    if (nv > 3) v.w = src[3];
+    if (state(1) < N) v.y = src[P];
+    if (state(2) < N) v.z = src[2 * P];
+    if (state(3) < N) v.w = src[3 * P];
     return v;
   };
   if (tid < kSRows) {  // all 32 rows exist: the staged backward needs D % 32 == 0
@@ -213,7 +211,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     __syncthreads();
 
     const float4* X = XA + r * kSX;
-    const float* BCr = BCs + 2 * q * NS;
+    const float* BCr = BCs + 2 * q;  // (B, C) of state(s) at + 2 s P
     if (a.chunk_end) {  // phase A of the L split: the adjoint alone (padding: dt = dy = 0)
 #pragma unroll 4
       for (int j = kST - 1; j >= 0; --j) {
@@ -221,10 +219,9 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
         const float* bc = BCr + j * NP * 2;
         S += x.x;
 #pragma unroll
-        for (int s = 0; s < NS; s += 2) {
-          const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s);
+        for (int s = 0; s < NS; ++s) {
+          const float2 v = *reinterpret_cast<const float2*>(bc + 2 * s * P);
           g[s] = fast_exp2(x.x * a2[s]) * fmaf(v.y, x.z, g[s]);
-          g[s + 1] = fast_exp2(x.x * a2[s + 1]) * fmaf(v.w, x.z, g[s + 1]);
         }
       }
       continue;
@@ -244,16 +241,12 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
         const float* bc = BCr + (j0 + jj) * NP * 2;
         float y = 0.f;
 #pragma unroll
-        for (int s = 0; s < NS; s += 2) {
-          const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s);
+        for (int s = 0; s < NS; ++s) {
+          const float2 v = *reinterpret_cast<const float2*>(bc + 2 * s * P);
           E[jj][s] = fast_exp2(x.x * a2[s]);
-          E[jj][s + 1] = fast_exp2(x.x * a2[s + 1]);
           hs[s] = fmaf(E[jj][s], hs[s], x.y * v.x);
-          hs[s + 1] = fmaf(E[jj][s + 1], hs[s + 1], x.y * v.z);
           H[jj][s] = hs[s];
-          H[jj][s + 1] = hs[s + 1];
           y = fmaf(v.y, hs[s], y);
-          y = fmaf(v.w, hs[s + 1], y);
         }
         yv[jj] = y;
       }
@@ -273,22 +266,18 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
           const float* bc = BCr + (j0 + jj) * NP * 2;
           float dd = 0.f, du = 0.f, sb[NS], sc[NS];
 #pragma unroll
-          for (int s = 0; s < NS; s += 2) {
-            const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int si = s + e;
-              const float Bv = e ? v.z : v.x, Cv = e ? v.w : v.y;
-              const float gi = fmaf(Cv, x.z, g[si]);
-              const float hp = jj > 0 ? H[jj > 0 ? jj - 1 : 0][si] : h0c[si];
-              const float eh = E[jj][si] * hp;
-              dd = fmaf(gi, fmaf(Bv, x.w, an[si] * eh), dd);
-              du = fmaf(gi * x.x, Bv, du);
-              accA[si] = fmaf(gi * x.x, eh, accA[si]);
-              g[si] = E[jj][si] * gi;
-              sb[si] = gi * x.y;
-              sc[si] = x.z * H[jj][si];
-            }
+          for (int si = 0; si < NS; ++si) {
+            const float2 v = *reinterpret_cast<const float2*>(bc + 2 * si * P);
+            const float Bv = v.x, Cv = v.y;
+            const float gi = fmaf(Cv, x.z, g[si]);
+            const float hp = jj > 0 ? H[jj > 0 ? jj - 1 : 0][si] : h0c[si];
+            const float eh = E[jj][si] * hp;
+            dd = fmaf(gi, fmaf(Bv, x.w, an[si] * eh), dd);
+            du = fmaf(gi * x.x, Bv, du);
+            accA[si] = fmaf(gi * x.x, eh, accA[si]);
+            g[si] = E[jj][si] * gi;
+            sb[si] = gi * x.y;
+            sc[si] = x.z * H[jj][si];
           }
           *reinterpret_cast<float4*>(SB + jh * PS + r * NP + q * NS) = make_float4(sb[0], sb[1], sb[2], sb[3]);
           *reinterpret_cast<float4*>(SC + jh * PS + r * NP + q * NS) = make_float4(sc[0], sc[1], sc[2], sc[3]);
@@ -317,7 +306,9 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
             acc.z += __shfl_xor_sync(kFull, acc.z, o);
             acc.w += __shfl_xor_sync(kFull, acc.w, o);
           }
-          const int n = nq * 4 + gq;  // lane gq of the group writes state gq of the 4
+          // Slot nq * 4 + gq holds lane nq's state gq, i.e. state(gq) of lane nq (NS = 4);
+          // lane gq of the group writes it.
+          const int n = nq + gq * P;
           const float sum = gq == 0 ? acc.x : gq == 1 ? acc.y : gq == 2 ? acc.z : acc.w;
           const int64_t st = k * kST + j0 + hf * kBH + jh;
           if (n < N && st < L) {
@@ -399,7 +390,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   if (a.chunk_end) {
 #pragma unroll
     for (int s = 0; s < NS; ++s)
-      if (q * NS + s < N) a.chunk_g[(row * nch + lc) * N + q * NS + s] = g[s];
+      if (state(s) < N) a.chunk_g[(row * nch + lc) * N + state(s)] = g[s];
     if (q == 0) a.chunk_S[row * nch + lc] = S;
     return;
   }
@@ -408,7 +399,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   const int64_t pslot = ((lc * p.batch + b) * a.ndir + a.dir) * Dm + d;
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
-    const int64_t n = q * NS + s;
+    const int64_t n = state(s);
     if (n >= N) continue;
     a.pdA[pslot * N + n] = accA[s];
     if (a.pdh0 && lc == 0) a.pdh0[(a.dir * R + row) * N + n] = g[s];

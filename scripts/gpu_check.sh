@@ -146,20 +146,30 @@ has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_lin
 # ss_ncu_ab: the forward (SS_AB_KERNELS, default fwd_staged) under Nsight Compute, the A/B of
 # PERFORMANCE_SELECTIVE_SCAN_CUDA 8 and 10: for each wheel of SS_AB_WHEELS ("old.whl new.whl",
 # carried) in turn, installed, then ncu over cuda/tools/ss_profile.py per dtype of SS_AB_DTYPES
-# (SS_AB_SECTIONS: other ncu --section flags).
+# (SS_AB_SECTIONS: other ncu --section flags). SS_AB_BENCH="args": also
+# benchmarks/gpu_selective_scan.py with these arguments per wheel (results in $OUT/ab_<i>).
+# SS_AB_VARIANT_ENV="VAR=value ...": after the loop, the same ncu runs once more with these
+# variables set (the last wheel; e.g. JAX_SELSCAN_SS_FWD_LANES=4 forces a lane geometry).
 # The wheel listed last stays installed for the stages after it.
+ss_ncu() {  # ss_ncu NAME DTYPE [VAR=value ...]
+  local name=$1 dt=$2; shift 2
+  TAIL=${SS_AB_TAIL:-12} step "$name" 300 env SS_PROFILE_DTYPE=$dt "$@" ncu --clock-control none \
+    -k regex:"${SS_AB_KERNELS:-fwd_staged}" -c "${SS_AB_COUNT:-2}" \
+    ${SS_AB_SECTIONS:---section SpeedOfLight --section WarpStateStats --section InstructionStats} \
+    $PY -P cuda/tools/ss_profile.py
+}
 if has ss_ncu_ab; then
   i=0
   for whl in ${SS_AB_WHEELS:-}; do
     i=$((i + 1))
     $PY -m pip install --no-deps --force-reinstall "$whl" > "$LOGS/ss_ab_install_$i.log" 2>&1 || status=1
-    for dt in ${SS_AB_DTYPES:-bfloat16 float32}; do
-      SS_PROFILE_DTYPE=$dt TAIL=${SS_AB_TAIL:-12} step "ss_ncu_ab_${i}_$dt" 300 ncu --clock-control none \
-        -k regex:"${SS_AB_KERNELS:-fwd_staged}" -c "${SS_AB_COUNT:-2}" \
-        ${SS_AB_SECTIONS:---section SpeedOfLight --section WarpStateStats --section InstructionStats} \
-        $PY -P cuda/tools/ss_profile.py
-    done
+    for dt in ${SS_AB_DTYPES:-bfloat16 float32}; do ss_ncu "ss_ncu_ab_${i}_$dt" $dt; done
+    [[ -n "${SS_AB_BENCH:-}" ]] && TAIL=30 step "ss_ab_bench_$i" 300 $PY -P benchmarks/gpu_selective_scan.py \
+      --out "$OUT/ab_$i" ${SS_AB_BENCH}
   done
+  if [[ -n "${SS_AB_VARIANT_ENV:-}" ]]; then
+    for dt in ${SS_AB_DTYPES:-bfloat16 float32}; do ss_ncu "ss_ncu_ab_variant_$dt" $dt ${SS_AB_VARIANT_ENV}; done
+  fi
 fi
 has ss_pytest && JAX_SELSCAN_BIG_TESTS=${SS_BIG:-1} JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
   step ss_pytest ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider \
