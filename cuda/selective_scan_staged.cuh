@@ -185,6 +185,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   constexpr int BCV = NP * kST / 4;                     // B (or C) vectors per tile
   constexpr int BPT = (BCV + NT - 1) / NT;
   constexpr int BUF = staged_buf_floats(NP);
+  static_assert(NS % 2 == 0, "the walk reads (B, C) of two states at a time");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
 
@@ -202,13 +203,8 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   const T* Bp = static_cast<const T*>(p.B) + (b * p.groups_b + d0 / (Dm / p.groups_b)) * N * L;
   const T* Cp = static_cast<const T*>(p.C) + (b * p.groups_c + d0 / (Dm / p.groups_c)) * N * L;
 
-  // The walking lane: row r of the block, states q, q + P, ..., q + (NS-1) P (state(s)).
-  // Interleaved rather than q*NS ..: the walk then reads each state's (B, C) with its own
-  // 8-byte load, the P lanes of a row covering 8P contiguous bytes that the warp's rows share
-  // (one wavefront); a lane's adjacent states would be fused into one 16-byte load, which
-  // costs 4 wavefronts however few distinct words it reads (PERFORMANCE_SELECTIVE_SCAN_CUDA 12).
+  // The walking lane: row r of the block, states q*NS .. q*NS+NS-1.
   const int r = tid / P, q = tid % P;
-  auto state = [&](int s) { return q + s * P; };
   const bool rlive = d0 + r < Dm;
   const int64_t d = rlive ? d0 + r : Dm - 1;
   const int64_t row = b * Dm + d;
@@ -220,7 +216,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   float a2[NS], h[NS], S = 0.f;
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
-    const int64_t n = state(s);
+    const int64_t n = q * NS + s;
     a2[s] = n < N ? p.A[d * N + n] * kLog2e : 0.f;
     h[s] = chunk_entry(a, row, n, n < N, c);
   }
@@ -363,17 +359,19 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     // lanes of a row keep their partial y in registers and then reduce-scatter them, so
     // no shared-memory store sits between the steps of a group.
     const float4* X = reinterpret_cast<const float4*>(buf) + r * kSX;
-    const float* BC = buf + kSRows * kSX * 4 + 2 * q;
+    const float* BC = buf + kSRows * kSX * 4 + 2 * q * NS;
     float* Y = buf + kSRows * kSX * 4 + kST * NP * 2;
     auto step = [&](int j) {
       const float4 x = X[j];
       const float* bc = BC + j * NP * 2;
       float y = 0.f;
 #pragma unroll
-      for (int s = 0; s < NS; ++s) {  // (B, C) of state(s), one 8-byte load
-        const float2 v = *reinterpret_cast<const float2*>(bc + 2 * s * P);
-        h[s] = fmaf(fast_exp2(x.x * a2[s]), h[s], x.y * v.x);
-        y = fmaf(v.y, h[s], y);
+      for (int s2 = 0; s2 < NS; s2 += 2) {  // (B, C) of two states per 16-byte load
+        const float4 v = *reinterpret_cast<const float4*>(bc + 2 * s2);
+        h[s2] = fmaf(fast_exp2(x.x * a2[s2]), h[s2], x.y * v.x);
+        y = fmaf(v.y, h[s2], y);
+        h[s2 + 1] = fmaf(fast_exp2(x.x * a2[s2 + 1]), h[s2 + 1], x.y * v.z);
+        y = fmaf(v.w, h[s2 + 1], y);
       }
       return y;
     };
@@ -385,12 +383,12 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       static_assert(kG == kCk && kST == 4 * kG, "four groups per tile, each starting at a checkpoint");
       static_assert(kG == 8, "yidx: a group's 8 steps are contiguous from yidx(r, j0)");
       // The forward saving the backward's checkpoints: the states entering each group.
-      float* ckp = a.ckpt && rlive ? a.ckpt + row * a.ck_row + (k * kST / kCk) * N + q : nullptr;
+      float* ckp = a.ckpt && rlive ? a.ckpt + row * a.ck_row + (k * kST / kCk) * N + q * NS : nullptr;
       auto save = [&](int j0) {
         if (ckp && k * kST + j0 < L) {
 #pragma unroll
           for (int sx = 0; sx < NS; ++sx)
-            if (state(sx) < N) ckp[(j0 / kCk) * N + sx * P] = h[sx];
+            if (q * NS + sx < N) ckp[(j0 / kCk) * N + sx] = h[sx];
         }
       };
       // A group's sums are stored only after the next group's steps: a shared store ahead of
@@ -425,7 +423,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
           if (s < L && rlive) {
 #pragma unroll
             for (int sx = 0; sx < NS; ++sx)
-              if (state(sx) < N) a.ckpt[row * a.ck_row + (s / kCk) * N + state(sx)] = h[sx];
+              if (q * NS + sx < N) a.ckpt[row * a.ck_row + (s / kCk) * N + q * NS + sx] = h[sx];
           }
         }
         step(j);
@@ -472,13 +470,13 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     if (rlive) {
 #pragma unroll
       for (int s = 0; s < NS; ++s)
-        if (state(s) < N) a.chunk_h[(row * nch + c) * N + state(s)] = h[s];
+        if (q * NS + s < N) a.chunk_h[(row * nch + c) * N + q * NS + s] = h[s];
       if (q == 0) a.chunk_S[row * nch + c] = S;
     }
   } else if (a.last && rlive && c == nch - 1) {
 #pragma unroll
     for (int s = 0; s < NS; ++s)
-      if (state(s) < N) a.last[row * N + state(s)] = h[s];
+      if (q * NS + s < N) a.last[row * N + q * NS + s] = h[s];
   }
 }
 

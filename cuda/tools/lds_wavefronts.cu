@@ -1,0 +1,80 @@
+// Shared-memory wavefronts per load instruction for the access patterns of the staged
+// selective-scan walk (PERFORMANCE_SELECTIVE_SCAN_CUDA 12.1): which 4-, 8- and 16-byte load
+// patterns of a warp cost one wavefront and which cost more. One kernel per (width, pattern),
+// each a loop of volatile shared loads (nothing can fuse, hoist or drop them); read the answer
+// with Nsight Compute:
+//
+//   nvcc -O3 -arch=sm_90 -std=c++17 cuda/tools/lds_wavefronts.cu -o lds_wavefronts
+//   ncu --clock-control none --metrics l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,\
+//       smsp__sass_inst_executed_op_shared_ld.sum ./lds_wavefronts
+//
+// wavefronts / instructions is the cost of one load of that pattern (the loop's other shared
+// loads: none). The patterns give the unit (4, 8 or 16 bytes) that lane l reads:
+//   distinct  l                every lane its own unit
+//   mod8      l % 8            8 lanes' units, the same for each quarter warp (the walk's
+//                              (B, C): 8 lanes of a row, 4 rows per warp)
+//   div8      l / 8            one unit per quarter warp (the walk's X: a row's 8 lanes)
+//   div4      l / 4            8 units, 4 consecutive lanes each (rows fastest)
+//   mod16     l % 16           16 units, the same for both half warps
+//   mod4      l % 4            4 units
+//   same      0                one unit for the warp
+#include <cstdio>
+
+#include "cuda_check.h"
+
+enum Pattern { kDistinct, kMod8, kDiv8, kDiv4, kMod16, kMod4, kSame };
+static const char* kNames[] = {"distinct", "mod8", "div8", "div4", "mod16", "mod4", "same"};
+
+__device__ __forceinline__ int unit_of(int pat, int l) {
+  switch (pat) {
+    case kDistinct: return l;
+    case kMod8: return l % 8;
+    case kDiv8: return l / 8;
+    case kDiv4: return l / 4;
+    case kMod16: return l % 16;
+    case kMod4: return l % 4;
+    default: return 0;
+  }
+}
+
+constexpr int kIters = 256;
+
+template <int W>
+__global__ void lds_kernel(int pat, float* out) {
+  __shared__ __align__(16) float buf[32 * 4 * 2];
+  for (int i = threadIdx.x; i < 32 * 4 * 2; i += blockDim.x) buf[i] = static_cast<float>(i);
+  __syncthreads();
+  const int l = threadIdx.x & 31;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(buf)) + unit_of(pat, l) * W;
+  float acc = 0.f;
+#pragma unroll 8
+  for (int i = 0; i < kIters; ++i) {
+    float a, b, c, d;
+    if constexpr (W == 4) {
+      asm volatile("ld.volatile.shared.f32 %0, [%1];" : "=f"(a) : "r"(addr));
+      b = c = d = 0.f;
+    } else if constexpr (W == 8) {
+      asm volatile("ld.volatile.shared.v2.f32 {%0, %1}, [%2];" : "=f"(a), "=f"(b) : "r"(addr));
+      c = d = 0.f;
+    } else {
+      asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "r"(addr));
+    }
+    acc += a + b + c + d;
+  }
+  if (acc == -1.f) out[threadIdx.x] = acc;  // never true: keeps the loads
+}
+
+int main() {
+  float* out = nullptr;
+  CK(cudaMalloc(&out, 1024 * sizeof(float)));
+  for (int pat = kDistinct; pat <= kSame; ++pat) {
+    lds_kernel<4><<<1, 256>>>(pat, out);
+    lds_kernel<8><<<1, 256>>>(pat, out);
+    lds_kernel<16><<<1, 256>>>(pat, out);
+    CK(cudaDeviceSynchronize());
+    std::printf("launched pattern %d %s (4, 8, 16 bytes)\n", pat, kNames[pat]);
+  }
+  CK(cudaFree(out));
+  return 0;
+}
