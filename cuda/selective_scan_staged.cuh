@@ -88,8 +88,10 @@ constexpr int kG = 8;         // steps whose y the lanes of a row reduce togethe
 // keeps half of the values still held (the upper half on the lane whose bit O is set) and
 // adds the partner's copy of that half, kG - 1 shuffles in all instead of kG * log2(P). At
 // the end a lane holds kG / P sums (one when P >= kG; then lanes past kG hold copies) for the
-// steps base .. base + kG / P - 1 of the group.
-template <int O, int M>
+// steps base .. base + kG / P - 1 of the group. LS: the lane distance between lanes q and
+// q + 1 of a row (1 when a row's lanes are consecutive; the forward's rows-fastest layout:
+// 32 / P).
+template <int O, int M, int LS = 1>
 __device__ __forceinline__ void reduce_scatter(float (&v)[kG], int q, int& base) {
   if constexpr (O >= 1) {
     if constexpr (M > 1) {
@@ -99,13 +101,13 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[kG], int q, int& base)
       for (int i = 0; i < H; ++i) {
         const float keep = up ? v[i + H] : v[i];
         const float send = up ? v[i] : v[i + H];
-        v[i] = keep + __shfl_xor_sync(kFull, send, O);
+        v[i] = keep + __shfl_xor_sync(kFull, send, O * LS);
       }
       base += up ? H : 0;
-      reduce_scatter<O / 2, H>(v, q, base);
+      reduce_scatter<O / 2, H, LS>(v, q, base);
     } else {
-      v[0] += __shfl_xor_sync(kFull, v[0], O);
-      reduce_scatter<O / 2, 1>(v, q, base);
+      v[0] += __shfl_xor_sync(kFull, v[0], O * LS);
+      reduce_scatter<O / 2, 1, LS>(v, q, base);
     }
   }
 }
@@ -122,19 +124,19 @@ struct HeldY {
     for (int i = 0; i < kN; ++i) Y[base + i] = v[i];
   }
 };
-template <int P>
+template <int P, int LS = 1>
 __device__ __forceinline__ HeldY<P> reduce_hold(float (&v)[kG], int q) {
   HeldY<P> h;
   h.base = 0;
-  reduce_scatter<P / 2, kG>(v, q, h.base);
+  reduce_scatter<P / 2, kG, LS>(v, q, h.base);
 #pragma unroll
   for (int i = 0; i < HeldY<P>::kN; ++i) h.v[i] = v[i];
   return h;
 }
 // Stores the group's y sums of one row: Y[j] for the kG steps of the group at Y.
-template <int P>
+template <int P, int LS = 1>
 __device__ __forceinline__ void reduce_store(float (&v)[kG], int q, float* Y) {
-  reduce_hold<P>(v, q).store(Y);
+  reduce_hold<P, LS>(v, q).store(Y);
 }
 
 // The forward's staging and write-out threads, and its shared-memory layouts, chosen against
@@ -203,8 +205,15 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   const T* Bp = static_cast<const T*>(p.B) + (b * p.groups_b + d0 / (Dm / p.groups_b)) * N * L;
   const T* Cp = static_cast<const T*>(p.C) + (b * p.groups_c + d0 / (Dm / p.groups_c)) * N * L;
 
-  // The walking lane: row r of the block, states q*NS .. q*NS+NS-1.
-  const int r = tid / P, q = tid % P;
+  // The walking lane: row r of the block, states q*NS .. q*NS+NS-1. Rows fastest within a
+  // warp (lane = q * RW + row in warp): the lanes reading one (B, C) address are then
+  // consecutive, which halves the wavefronts of that 16-byte load (4 → 2, measured with
+  // cuda/tools/lds_wavefronts.cu; PERFORMANCE_SELECTIVE_SCAN_CUDA 12.1); X's 8-byte load goes
+  // 1 → 2. The y sums pair the same lanes q ^ O as before (shuffle distance O * RW), so the
+  // same bits.
+  constexpr int RW = 32 / P;  // rows per warp
+  static_assert(P <= 32 && 32 % P == 0, "a row's lanes within one warp");
+  const int r = (tid / 32) * RW + (tid % 32) % RW, q = (tid % 32) / RW;
   const bool rlive = d0 + r < Dm;
   const int64_t d = rlive ? d0 + r : Dm - 1;
   const int64_t row = b * Dm + d;
@@ -399,21 +408,21 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 #pragma unroll
       for (int g = 0; g < kG; ++g) ya[g] = step(g);
       save(kG);
-      HeldY<P> ha = reduce_hold<P>(ya, q);
+      HeldY<P> ha = reduce_hold<P, RW>(ya, q);
 #pragma unroll
       for (int g = 0; g < kG; ++g) yb[g] = step(kG + g);
       ha.store(Y + yidx(r, 0));
       save(2 * kG);
-      HeldY<P> hb = reduce_hold<P>(yb, q);
+      HeldY<P> hb = reduce_hold<P, RW>(yb, q);
 #pragma unroll
       for (int g = 0; g < kG; ++g) ya[g] = step(2 * kG + g);
       hb.store(Y + yidx(r, kG));
       save(3 * kG);
-      ha = reduce_hold<P>(ya, q);
+      ha = reduce_hold<P, RW>(ya, q);
 #pragma unroll
       for (int g = 0; g < kG; ++g) yb[g] = step(3 * kG + g);
       ha.store(Y + yidx(r, 2 * kG));
-      reduce_store<P>(yb, q, Y + yidx(r, 3 * kG));
+      reduce_store<P, RW>(yb, q, Y + yidx(r, 3 * kG));
     } else {
 #pragma unroll
       for (int j = 0; j < kST; ++j) {

@@ -148,6 +148,7 @@ has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_lin
 # carried) in turn, installed, then ncu over cuda/tools/ss_profile.py per dtype of SS_AB_DTYPES
 # (SS_AB_SECTIONS: other ncu --section flags). SS_AB_BENCH="args": also
 # benchmarks/gpu_selective_scan.py with these arguments per wheel (results in $OUT/ab_<i>).
+# SS_AB_BITS=1: cuda/tools/ss_bits.py per wheel, diffed against the first wheel's.
 # SS_AB_VARIANT_ENV="VAR=value ...": after the loop, the same ncu runs once more with these
 # variables set (the last wheel; e.g. JAX_SELSCAN_SS_FWD_LANES=4 forces a lane geometry).
 # The wheel listed last stays installed for the stages after it.
@@ -166,7 +167,15 @@ if has ss_ncu_ab; then
     for dt in ${SS_AB_DTYPES:-bfloat16 float32}; do ss_ncu "ss_ncu_ab_${i}_$dt" $dt; done
     [[ -n "${SS_AB_BENCH:-}" ]] && TAIL=30 step "ss_ab_bench_$i" 300 $PY -P benchmarks/gpu_selective_scan.py \
       --out "$OUT/ab_$i" ${SS_AB_BENCH}
+    [[ "${SS_AB_BITS:-0}" == 1 ]] && { TAIL=2 step "ss_ab_bits_$i" 200 $PY -P cuda/tools/ss_bits.py; cp "$LOGS/ss_ab_bits_$i.log" "$OUT/bits_$i.txt"; }
   done
+  # SS_AB_BITS=1: bitwise fingerprints (cuda/tools/ss_bits.py) per wheel, compared with the first's.
+  if [[ "${SS_AB_BITS:-0}" == 1 ]]; then
+    for f in "$OUT"/bits_*.txt; do
+      if diff -q "$OUT/bits_1.txt" "$f" > /dev/null; then echo "bits: $(basename "$f") same as bits_1.txt"
+      else echo "bits: $(basename "$f") DIFFERS from bits_1.txt"; fi
+    done | tee "$LOGS/ss_ab_bits.log"
+  fi
   if [[ -n "${SS_AB_VARIANT_ENV:-}" ]]; then
     for dt in ${SS_AB_DTYPES:-bfloat16 float32}; do ss_ncu "ss_ncu_ab_variant_$dt" $dt ${SS_AB_VARIANT_ENV}; done
   fi

@@ -5,11 +5,12 @@
 // with Nsight Compute:
 //
 //   nvcc -O3 -arch=sm_90 -std=c++17 cuda/tools/lds_wavefronts.cu -o lds_wavefronts
-//   ncu --clock-control none --metrics l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,\
+//   ncu --clock-control none --metrics smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,\
 //       smsp__sass_inst_executed_op_shared_ld.sum ./lds_wavefronts
 //
 // wavefronts / instructions is the cost of one load of that pattern (the loop's other shared
-// loads: none). The patterns give the unit (4, 8 or 16 bytes) that lane l reads:
+// loads: none). The grid fills every SM: the l1tex__ counters are read from a few SMs only and
+// read ≈ 0 for a one-block launch (first try, session 16). The patterns give the unit (4, 8 or 16 bytes) that lane l reads:
 //   distinct  l                every lane its own unit
 //   mod8      l % 8            8 lanes' units, the same for each quarter warp (the walk's
 //                              (B, C): 8 lanes of a row, 4 rows per warp)
@@ -69,9 +70,9 @@ int main() {
   float* out = nullptr;
   CK(cudaMalloc(&out, 1024 * sizeof(float)));
   for (int pat = kDistinct; pat <= kSame; ++pat) {
-    lds_kernel<4><<<1, 256>>>(pat, out);
-    lds_kernel<8><<<1, 256>>>(pat, out);
-    lds_kernel<16><<<1, 256>>>(pat, out);
+    lds_kernel<4><<<132 * 8, 256>>>(pat, out);
+    lds_kernel<8><<<132 * 8, 256>>>(pat, out);
+    lds_kernel<16><<<132 * 8, 256>>>(pat, out);
     CK(cudaDeviceSynchronize());
     std::printf("launched pattern %d %s (4, 8, 16 bytes)\n", pat, kNames[pat]);
   }
