@@ -19,12 +19,15 @@
 //   mod16     l % 16           16 units, the same for both half warps
 //   mod4      l % 4            4 units
 //   same      0                one unit for the warp
+//   div2      l / 2            16 units, lane pairs
+//   pairrow   (l / 2) % 4      a walk layout with lane pairs (P = 8): the X of row (l / 2) % 4 ...
+//   pairq     (l / 8) * 2 + l % 2   ... and the (B, C) of q = (l / 8) * 2 + l % 2
 #include <cstdio>
 
 #include "cuda_check.h"
 
-enum Pattern { kDistinct, kMod8, kDiv8, kDiv4, kMod16, kMod4, kSame };
-static const char* kNames[] = {"distinct", "mod8", "div8", "div4", "mod16", "mod4", "same"};
+enum Pattern { kDistinct, kMod8, kDiv8, kDiv4, kMod16, kMod4, kSame, kDiv2, kPairRow, kPairQ, kNumPatterns };
+static const char* kNames[] = {"distinct", "mod8", "div8", "div4", "mod16", "mod4", "same", "div2", "pairrow", "pairq"};
 
 __device__ __forceinline__ int unit_of(int pat, int l) {
   switch (pat) {
@@ -34,6 +37,9 @@ __device__ __forceinline__ int unit_of(int pat, int l) {
     case kDiv4: return l / 4;
     case kMod16: return l % 16;
     case kMod4: return l % 4;
+    case kDiv2: return l / 2;
+    case kPairRow: return (l / 2) % 4;
+    case kPairQ: return (l / 8) * 2 + l % 2;
     default: return 0;
   }
 }
@@ -69,7 +75,7 @@ __global__ void lds_kernel(int pat, float* out) {
 int main() {
   float* out = nullptr;
   CK(cudaMalloc(&out, 1024 * sizeof(float)));
-  for (int pat = kDistinct; pat <= kSame; ++pat) {
+  for (int pat = kDistinct; pat < kNumPatterns; ++pat) {
     lds_kernel<4><<<132 * 8, 256>>>(pat, out);
     lds_kernel<8><<<132 * 8, 256>>>(pat, out);
     lds_kernel<16><<<132 * 8, 256>>>(pat, out);
