@@ -15,7 +15,8 @@
 #   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
 #    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
-# Also: variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
+# Also: lds (shared-load wavefronts by lane pattern, cuda/tools/lds_wavefronts.cu),
+# variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
 # events; VB_ENV="VB_ROWS=1" picks the shape set), variants_ab (prebuilt benches in turn: VB_AB), main_bench (python -m jax_selscan.bench
 # and examples/lru_drop_in.py, the README's plot), cpu_bench (the CPU selective-scan
 # benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON;
@@ -125,6 +126,16 @@ if has variants_ab; then
       i=$((i + 1)); TAIL=40 step "variants_ab_${i}_$(basename "$vb")" 240 env ${VB_ENV:-} "$vb"
     done
   done
+fi
+# lds: shared-load wavefronts per warp instruction by lane pattern and width
+# (cuda/tools/lds_wavefronts.cu; the table of PERFORMANCE_SELECTIVE_SCAN_CUDA 12.1) into $OUT/lds_wavefronts.md.
+if has lds; then
+  nvcc -O3 -arch=sm_$ARCH -std=c++17 -Icuda/tools cuda/tools/lds_wavefronts.cu -o "$BIN/lds_wavefronts" \
+    > "$LOGS/build_lds.log" 2>&1 || status=1
+  TAIL=3 step lds 120 ncu --clock-control none --csv --metrics \
+    smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,smsp__sass_inst_executed_op_shared_ld.sum \
+    "$BIN/lds_wavefronts"
+  $PY cuda/tools/lds_table.py "$LOGS/lds.log" | tee "$OUT/lds_wavefronts.md"
 fi
 has driver && step driver ${DRIVER_LIMIT:-240} "$DRV" check ${CHECK_ONLY:-}
 has determinism && step determinism 240 "$DRV" determinism 500 ${DET_FILTER:-}
