@@ -2,8 +2,8 @@
 
 What is mirrored, with the kernels' index arithmetic: the 32-step tile windows (forward from
 t = 0, reverse from t = L - 32 down, negative times as padding), shared memory in walking
-order (slot = 31 - position in reverse), the lane split of the states (q * NS + s, padded
-states), the reduce-scatter of per-lane partial sums over 8-step groups (which lane keeps
+order (slot = 31 - position in reverse), the lane split of the states (forward: q * NS + s;
+backward: q + s * P; padded states), the reduce-scatter of per-lane partial sums over 8-step groups (which lane keeps
 which half, which step it finally holds), the write-out through the slots; for the backward,
 tiles and 8-step chunks walked last to first from the checkpoints, the adjoint in two halves
 (steps 7..4, then 3..0) with the dB/dC sums over the block's rows after each half, and the
@@ -59,6 +59,12 @@ def lanes(N, P):
     return NS, P * NS
 
 
+def lane_sums(v, P, NS, interleaved=False):
+    """Per-lane partial sums of v over the NP = P * NS (padded) states: lane q holds the states
+    q * NS .. q * NS + NS - 1 (the forward) or q, q + P, ... (interleaved: the backward)."""
+    return v.reshape(NS, P).sum(0) if interleaved else v.reshape(P, NS).sum(1)
+
+
 def windows(L, k, rev, broken=None):
     t0 = L - (k + 1) * T if (rev and broken != "window") else k * T
     slot = (lambda i: T - 1 - i) if (rev and broken != "slot") else (lambda i: i)
@@ -96,7 +102,7 @@ def staged_forward(rows, B, C, P, rev=False, broken=None, tiles=None, h_init=Non
                 for gg in range(G):
                     j = j0 + gg
                     h[r] = np.exp2(X[r, j, 0] * a2[r]) * h[r] + X[r, j, 1] * BC[j, :, 0]
-                    parts[:, gg] = (BC[j, :, 1] * h[r]).reshape(P, NS).sum(1)
+                    parts[:, gg] = lane_sums(BC[j, :, 1] * h[r], P, NS)
                     S[r] += X[r, j, 0]
                 for jj, val in reduce_scatter(parts, P, broken).items():
                     Y[r, j0 + jj] = val
@@ -259,7 +265,7 @@ def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None, tiles=No
                     E[r, jj] = np.exp2(x[0] * a2[r])
                     hs = E[r, jj] * hs + x[1] * BC[j0 + jj, :, 0]
                     H[r, jj] = hs
-                    yp[r, :, jj] = (BC[j0 + jj, :, 1] * hs).reshape(P, NS).sum(1)
+                    yp[r, :, jj] = lane_sums(BC[j0 + jj, :, 1] * hs, P, NS, True)
             for hf in ((0, 1) if broken == "halves" else (1, 0)):
                 SB, SC = np.zeros((CK // 2, R, NP)), np.zeros((CK // 2, R, NP))
                 for jh in range(CK // 2 - 1, -1, -1):
@@ -270,8 +276,8 @@ def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None, tiles=No
                         gi = g[r] + Cv * x[2]
                         hp = H[r, jj - 1] if jj > 0 else HK[r, c]
                         eh = E[r, jj] * hp
-                        ddp[r, :, jj] = (gi * (Bv * x[3] + An[r] * eh)).reshape(P, NS).sum(1)
-                        dup[r, :, jj] = (gi * x[0] * Bv).reshape(P, NS).sum(1)
+                        ddp[r, :, jj] = lane_sums(gi * (Bv * x[3] + An[r] * eh), P, NS, True)
+                        dup[r, :, jj] = lane_sums(gi * x[0] * Bv, P, NS, True)
                         accA[r] += gi * x[0] * eh
                         g[r] = E[r, jj] * gi
                         SB[jh, r], SC[jh, r] = gi * x[1], x[2] * H[r, jj]
@@ -438,12 +444,12 @@ def _forward_layout_cost(vec, yidx, c, bc_state_fastest=True):
             # gate): 4 rows x 4 vectors per half warp over 8 bank groups, 2 wavefronts at best
             a = [4 * yidx(rr, i0 + e) for rr, i0 in rows]
             excess += _wavefronts(a, 4) - 1  # the write-out's y loads
-    for P in (8, 4):  # the reduce-scatter's y stores: lane q of row r holds steps j0 + (8 / P) q' + i
-        held = max(1, 8 // P)
+    for P in (8, 4):  # the reduce-scatter's y stores: lane l (row l % RW, q = l / RW: rows fastest)
+        held, RW = max(1, 8 // P), 32 // P  # holds steps j0 + (8 / P) q + i
         for w in range(S * P // 32):
             for j0 in range(0, T, 8):
                 for i in range(held):
-                    a = [4 * yidx(32 * w // P + l // P, j0 + held * (l % P) + i) for l in range(32)]
+                    a = [4 * yidx(RW * w + l % RW, j0 + held * (l // RW) + i) for l in range(32)]
                     excess += _wavefronts(a, 4) - 1
     NP = 16  # (B, C) stores, float2 per (step, state): thread w -> state, 4 steps
     for w0 in range(0, NP * T // 4, 32):
@@ -511,3 +517,44 @@ def test_softplus_polynomial():
     bad = list(coef)
     bad[4] = np.float32(bad[4] * (1 + 1e-4))
     assert rel(bad) > tol
+
+
+# --- the staged forward's walking lanes: rows fastest, shuffle partners in the same row -----------
+
+def _walk_lanes(P, broken=None):
+    """(row, q) of each thread of a block of 32 * P threads, from the kernel's own expression
+    (cuda/selective_scan_staged.cuh), and the lane distance of q -> q + 1 that its reductions use."""
+    import re
+    src = _cuda_source("selective_scan_staged.cuh")
+    m = re.search(r"const int r = (\(tid / 32\) \* RW \+ \(tid % 32\) % RW), q = (\(tid % 32\) / RW);", src)
+    assert m, "the forward's walking-lane expression changed: update this mirror"
+    assert re.search(r"constexpr int RW = 32 / P;", src) and "reduce_hold<P, RW>" in src
+    RW = 32 // P
+    r_of, q_of = m.group(1), m.group(2)
+    if broken == "row_major":  # lanes row-major (the old layout) with the new shuffle distance
+        r_of, q_of = "tid / P", "tid % P"
+    env = lambda tid: {"tid": tid, "RW": RW, "P": P}
+    lanes_ = [(eval(r_of.replace("/", "//"), {}, env(t)), eval(q_of.replace("/", "//"), {}, env(t))) for t in range(32 * P)]
+    return lanes_, RW
+
+
+@pytest.mark.parametrize("P", [4, 8, 16])
+def test_walk_lanes_rows_fastest(P):
+    """Every (row, q) once; a warp's lanes sharing a q (one (B, C) address) consecutive; and each
+    xor partner at distance O * RW is lane q ^ O of the same row, so the y sums pair the same
+    values as with row-major lanes (the same bits). The row-major map with that distance fails."""
+    def ok(lanes_, RW):
+        if sorted(lanes_) != [(r, q) for r in range(32) for q in range(P)]:
+            return False
+        for tid, (r, q) in enumerate(lanes_):
+            w, l = divmod(tid, 32)
+            if tid % RW and lanes_[tid - 1][1] != q:  # runs of RW consecutive lanes share q
+                return False
+            o = P // 2
+            while o >= 1:
+                if lanes_[32 * w + (l ^ (o * RW))] != (r, q ^ o):
+                    return False
+                o //= 2
+        return True
+    assert not ok(*_walk_lanes(P, broken="row_major"))
+    assert ok(*_walk_lanes(P))
