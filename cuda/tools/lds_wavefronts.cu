@@ -1,8 +1,9 @@
 // Shared-memory wavefronts per load instruction for the access patterns of the staged
 // selective-scan walk (PERFORMANCE_SELECTIVE_SCAN_CUDA 12.1): which 4-, 8- and 16-byte load
-// patterns of a warp cost one wavefront and which cost more. One kernel per (width, pattern),
-// each a loop of volatile shared loads (nothing can fuse, hoist or drop them); read the answer
-// with Nsight Compute:
+// patterns of a warp cost one wavefront and which cost more. One kernel per width, launched once
+// per pattern (an argument), each a loop of volatile shared loads (nothing can fuse, hoist or
+// drop them); read the answer with Nsight Compute (scripts/gpu_check.sh stage lds does this
+// with --csv and tabulates it with cuda/tools/lds_table.py):
 //
 //   nvcc -O3 -arch=sm_90 -std=c++17 cuda/tools/lds_wavefronts.cu -o lds_wavefronts
 //   ncu --clock-control none --metrics smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,\
