@@ -19,7 +19,7 @@
 // recurrence g[t] = C[t] dy[t] + exp(dt[t+1] A) g[t+1] backwards through it.
 // Gradients that sum over channels (dB, dC of varying B/C) are reduced in a fixed order:
 // first across the block's channels in shared memory, then across blocks (and batch
-// elements / directions for dA, dD, ddelta_bias, time-invariant dB/dC) by sum_mid.
+// elements / directions for dA, dD, ddelta_bias, time-invariant dB/dC) by sum_jobs.
 // No floating-point atomics anywhere: the gradients are bitwise reproducible.
 //
 // Offsets are 64-bit throughout.
@@ -213,6 +213,7 @@ struct FwdArgs {
   int P;              // lanes per row
   int mode;
   bool rev;
+  bool ck_vec;        // staged kernel: ckpt rows take a lane's states as 8/16-byte vectors
   // The L split (SsPlan::nch > 1): chunk c = blockIdx.y walks steps [c * chunk_steps,
   // (c + 1) * chunk_steps) of the walking order, entering with chunk_h[row][c][.] (written
   // by chunk_carry) instead of h0; only the last chunk writes `last`. nch <= 1: no split.
@@ -449,7 +450,7 @@ struct BwdArgs {
   void* du;               // final outputs (phase 0 / 2), in T
   void* ddelta;
   void* dz;
-  // Partials (float32), reduced by sum_mid afterwards:
+  // Partials (float32), reduced by sum_jobs afterwards:
   float* pdB;             // varying: (batch, D/CB, ndir, N, L); invariant: (batch, ndir, D, N)
   float* pdC;
   float* pdA;             // (batch, ndir, D, N)
@@ -691,17 +692,51 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
   }
 }
 
-// out[o, i] = sum_{q < Q} in[o, q, i], summed in order q = 0, 1, ... (deterministic).
-static __global__ void sum_mid(const float* __restrict__ in, float* __restrict__ out, int64_t outer,
-                        int64_t Q, int64_t inner) {
-  const int64_t total = outer * inner;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = idx / inner, i = idx % inner;
-    const float* src = in + o * Q * inner + i;
-    float s = 0.f;
-    for (int64_t q = 0; q < Q; ++q) s += src[q * inner];
-    out[idx] = s;
+// The backward's partial sums, all of them in one launch: job j is out[o, i] = sum over q < Q
+// of in[o, q, i]. A block takes 32 consecutive outputs (lane = output, so each warp reads 128
+// contiguous bytes) and its 8 warps split q: warp w sums q = w, w + 8, ... in increasing order,
+// then warp 0 adds the 8 partial sums in warp order. The order depends only on Q, so the
+// gradients stay bitwise reproducible; splitting q keeps the small outputs with long sums
+// (dD, ddelta_bias, dA: Q = batch x chunks x directions, inner = D or D x N) from running one
+// dependent load chain per thread.
+constexpr int kSumWarps = 8;
+constexpr int kMaxSumJobs = 8;
+struct SumJob {
+  const float* in;
+  float* out;
+  int64_t outer, Q, inner;
+  int64_t blocks;  // blocks of this job; each strides over its 32-output tiles
+};
+struct SumJobs {
+  SumJob job[kMaxSumJobs];
+  int n;
+};
+
+static __global__ void __launch_bounds__(32 * kSumWarps) sum_jobs(SumJobs jobs) {
+  __shared__ float part[kSumWarps][32];
+  int64_t blk = blockIdx.x;
+  int j = 0;
+  while (j < jobs.n - 1 && blk >= jobs.job[j].blocks) blk -= jobs.job[j++].blocks;  // uniform
+  const SumJob& jb = jobs.job[j];
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  const int64_t total = jb.outer * jb.inner, tiles = (total + 31) / 32;
+  for (int64_t t = blk; t < tiles; t += jb.blocks) {
+    const int64_t idx = t * 32 + lane;
+    float acc = 0.f;
+    if (idx < total) {
+      const int64_t o = idx / jb.inner, i = idx % jb.inner;
+      const float* src = jb.in + o * jb.Q * jb.inner + i;
+      for (int64_t q = w; q < jb.Q; q += kSumWarps) acc += src[q * jb.inner];
+    }
+    part[w][lane] = acc;
+    __syncthreads();
+    if (w == 0 && idx < total) {
+      float sum = part[0][lane];
+#pragma unroll
+      for (int k = 1; k < kSumWarps; ++k) sum += part[k][lane];
+      jb.out[idx] = sum;
+    }
+    __syncthreads();
   }
 }
 

@@ -87,15 +87,25 @@ cudaError_t bwd(const BwdArgs& a, int NS, int chunks, cudaStream_t stream) {
   return cudaErrorInvalidValue;
 }
 
-inline cudaError_t reduce(const float* in, float* out, int64_t outer, int64_t Q, int64_t inner,
-                          cudaStream_t stream) {
-  const int64_t total = outer * inner;
-  if (!out || total == 0) return cudaSuccess;
-  int64_t blocks = (total + 255) / 256;
-  if (blocks > 132 * 32) blocks = 132 * 32;
-  sum_mid<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(in, out, outer, Q, inner);
-  return cudaGetLastError();
-}
+// Collects the backward's reductions (out[o, i] = sum_q in[o, q, i]) and runs them as one
+// sum_jobs launch.
+struct Reductions {
+  SumJobs jobs{};
+  int64_t blocks = 0;
+  void add(const float* in, float* out, int64_t outer, int64_t Q, int64_t inner) {
+    const int64_t tiles = (outer * inner + 31) / 32;
+    if (!out || tiles == 0 || jobs.n == kMaxSumJobs) return;
+    const int64_t nb = tiles < 132 * 16 ? tiles : 132 * 16;
+    jobs.job[jobs.n++] = SumJob{in, out, outer, Q, inner, nb};
+    blocks += nb;
+  }
+  cudaError_t launch(cudaStream_t stream) const {
+    if (jobs.n == 0) return cudaSuccess;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    sum_jobs<<<static_cast<unsigned>(blocks), 32 * kSumWarps, 0, stream>>>(jobs);
+    return cudaGetLastError();
+  }
+};
 
 template <class T>
 cudaError_t forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cudaStream_t stream) {
@@ -216,22 +226,20 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
   }
   const int64_t R = p.batch * p.dim, Dm = p.dim, N = p.N, bn = p.batch * ndir;
   const int64_t bnc = bn * plan.bnch;  // per-row partials: (chunk, batch, direction, ...)
-  cudaError_t err = reduce(b.pdA, io.dA, 1, bnc, Dm * N, stream);
-  if (err == cudaSuccess) {
-    if (p.groups_b)
-      err = reduce(b.pdB, io.dB, p.batch * p.groups_b, (Dm / p.groups_b / plan.CB) * ndir, N * p.L, stream);
-    else
-      err = reduce(b.pdB, io.dB, 1, bnc, Dm * N, stream);
-  }
-  if (err == cudaSuccess) {
-    if (p.groups_c)
-      err = reduce(b.pdC, io.dC, p.batch * p.groups_c, (Dm / p.groups_c / plan.CB) * ndir, N * p.L, stream);
-    else
-      err = reduce(b.pdC, io.dC, 1, bnc, Dm * N, stream);
-  }
-  if (err == cudaSuccess) err = reduce(b.pdD, io.dD, 1, bnc, Dm, stream);
-  if (err == cudaSuccess) err = reduce(b.pdbias, io.ddelta_bias, 1, bnc, Dm, stream);
-  if (err == cudaSuccess && b.pdh0) err = reduce(b.pdh0, io.dh0, 1, ndir, R * N, stream);
+  Reductions red;
+  red.add(b.pdA, io.dA, 1, bnc, Dm * N);
+  if (p.groups_b)
+    red.add(b.pdB, io.dB, p.batch * p.groups_b, (Dm / p.groups_b / plan.CB) * ndir, N * p.L);
+  else
+    red.add(b.pdB, io.dB, 1, bnc, Dm * N);
+  if (p.groups_c)
+    red.add(b.pdC, io.dC, p.batch * p.groups_c, (Dm / p.groups_c / plan.CB) * ndir, N * p.L);
+  else
+    red.add(b.pdC, io.dC, 1, bnc, Dm * N);
+  red.add(b.pdD, io.dD, 1, bnc, Dm);
+  red.add(b.pdbias, io.ddelta_bias, 1, bnc, Dm);
+  if (b.pdh0) red.add(b.pdh0, io.dh0, 1, ndir, R * N);
+  const cudaError_t err = red.launch(stream);
   return err;
 }
 

@@ -11,7 +11,7 @@
 // through them. Per step the lanes of a row reduce-scatter their partial ddt, du and y
 // (as in the forward); dB and dC are summed over the block's 32 rows in shared memory in a
 // fixed order after each half chunk (no atomics: bitwise reproducible), written as per-block
-// partials and summed over blocks by sum_mid afterwards, like the other per-row partials
+// partials and summed over blocks by sum_jobs afterwards, like the other per-row partials
 // (dA, dD, ddelta_bias, dh0). Bidirectional: the phases of BwdArgs.
 #pragma once
 

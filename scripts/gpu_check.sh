@@ -9,7 +9,7 @@
 # JAX_SELSCAN_SS_FWD=rows JAX_SELSCAN_SS_BWD=rows; SS_PYTEST_K="expr" selects tests of ss_pytest
 # with pytest -k),
 # ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_ncu_ab (ncu A/B of wheels:
-# SS_AB_WHEELS), ss_bench
+# SS_AB_WHEELS), ss_times_ab (every kernel's ncu time in one fwd and one vjp, per wheel), ss_split (the L split's launch plans and bidirectional vs two calls), ss_bench
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
 #   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
@@ -191,6 +191,22 @@ if has ss_ncu_ab; then
     for dt in ${SS_AB_DTYPES:-bfloat16 float32}; do ss_ncu "ss_ncu_ab_variant_$dt" $dt ${SS_AB_VARIANT_ENV}; done
   fi
 fi
+# ss_times_ab: every kernel of one jitted forward and one jitted vjp (all gradients) with its
+# ncu time, per wheel of SS_AB_WHEELS, shape of SS_TIMES_SHAPES and dtype of SS_AB_DTYPES.
+if has ss_times_ab; then
+  i=0
+  for whl in ${SS_AB_WHEELS:-}; do
+    i=$((i + 1))
+    $PY -m pip install --no-deps --force-reinstall "$whl" > "$LOGS/ss_times_install_$i.log" 2>&1 || status=1
+    for sh in ${SS_TIMES_SHAPES:-64,768,512,16 8,1536,2048,16}; do
+      for dt in ${SS_AB_DTYPES:-bfloat16 float32}; do
+        TAIL=${SS_TIMES_TAIL:-12} step "ss_times_${i}_${sh//,/x}_$dt" 200 bash -c "SS_PROFILE_VJP=1 SS_PROFILE_SHAPE=$sh \
+          SS_PROFILE_DTYPE=$dt ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+          $PY -P cuda/tools/ss_profile.py | $PY cuda/tools/ncu_kernel_times.py"
+      done
+    done
+  done
+fi
 has ss_pytest && JAX_SELSCAN_BIG_TESTS=${SS_BIG:-1} JAX_SELSCAN_DETERMINISM_RUNS=${SS_RUNS:-500} TAIL=25 \
   step ss_pytest ${SS_PYTEST_LIMIT:-540} $PY -P -m pytest -q tests/test_cuda_selective_scan.py -p no:cacheprovider \
   ${SS_PYTEST_K:+-k "$SS_PYTEST_K"} ${SS_PYTEST_ARGS:-}
@@ -204,6 +220,10 @@ if has ss_bench; then
   [[ -f benchmarks/gpu_selective_scan.py ]] && TAIL=60 step ss_bench 540 $PY -P benchmarks/gpu_selective_scan.py \
     --out "$OUT" "${MAMBA_ARGS[@]}" ${SS_BENCH_ARGS:-}
 fi
+# The L split's chunk counts and the forward's lanes side by side at few-row shapes, and the
+# bidirectional call against two directional ones (benchmarks/gpu_selective_scan_split.py).
+has ss_split && TAIL=40 step ss_split ${SS_SPLIT_LIMIT:-420} $PY -P benchmarks/gpu_selective_scan_split.py \
+  --out "$OUT" ${SS_SPLIT_ARGS:-}
 if has main_bench; then
   TAIL=40 step main_bench 300 $PY -P -m jax_selscan.bench --out "$OUT/bench_h200.json" ${MAIN_BENCH_ARGS:-}
   TAIL=12 step lru_drop_in 120 $PY -P examples/lru_drop_in.py

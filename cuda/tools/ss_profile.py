@@ -20,6 +20,13 @@ K in fwd_staged / bwd_staged:
 The SASS table's "Instructions Executed" and "Warp Stall Sampling" columns were summed per
 opcode and per execution count (loop level) to find the costs quoted there
 (`python3 cuda/tools/ncu_sass_summary.py K_sass.csv --list 20` does the per-level sums).
+
+SS_PROFILE_SHAPE="b,D,L,N" picks another shape; SS_PROFILE_VJP=1 makes the second call the
+benchmark's forward + backward (a jitted vjp giving every gradient, cotangent g) instead of
+the grad of two arguments. Every kernel of such a call, with its time (section 14):
+
+    SS_PROFILE_VJP=1 SS_PROFILE_SHAPE=64,768,512,16 ncu --clock-control none \
+        --metrics gpu__time_duration.sum python3 -P cuda/tools/ss_profile.py
 """
 import os
 
@@ -28,7 +35,7 @@ import jax.numpy as jnp
 
 import jax_selscan as js
 
-b, D, L, N = 8, 1536, 2048, 16
+b, D, L, N = (int(x) for x in os.environ.get("SS_PROFILE_SHAPE", "8,1536,2048,16").split(","))
 dt = jnp.dtype(os.environ.get("SS_PROFILE_DTYPE", "float32"))
 k = jax.random.split(jax.random.PRNGKey(0), 8)
 u = jax.random.normal(k[0], (b, D, L)).astype(dt)
@@ -46,6 +53,13 @@ def f(u, delta, z, B, C):
 
 
 fwd = jax.jit(f)
-fwd_bwd = jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1)))
 jax.block_until_ready(fwd(u, delta, z, B, C))
-jax.block_until_ready(fwd_bwd(u, delta, z, B, C))
+if os.environ.get("SS_PROFILE_VJP") == "1":
+    def vjp_all(g, u, delta, A, B, C, Dskip, z, bias):
+        full = lambda *x: js.selective_scan(*x, delta_softplus=True)
+        return jax.vjp(full, u, delta, A, B, C, Dskip, z, bias)[1](g)
+    g = jax.random.normal(jax.random.PRNGKey(1), (b, D, L)).astype(dt)
+    jax.block_until_ready(jax.jit(vjp_all)(g, u, delta, A, B, C, Dskip, z, bias))
+else:
+    fwd_bwd = jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1)))
+    jax.block_until_ready(fwd_bwd(u, delta, z, B, C))

@@ -1,0 +1,180 @@
+"""The CUDA selective scan's launch plan measured side by side: the L split's chunk count and
+the forward's lanes per row at the shapes with few rows, and the bidirectional call against two
+directional calls. Pipelined per-call times (medians over passes that alternate the settings).
+
+    python3 -P benchmarks/gpu_selective_scan_split.py --out DIR      (GPU machine, package installed)
+
+The settings are the kernels' environment knobs (JAX_SELSCAN_SS_FWD_CHUNKS, _SS_FWD_LANES,
+_SS_BWD_CHUNKS). The scratch an XLA call carries is sized at trace time from the same knobs,
+so each setting is traced and compiled with its environment and called with it in place.
+Writes DIR/gpu_selective_scan_split.json and .md (notes PERFORMANCE_SELECTIVE_SCAN_CUDA 14).
+"""
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_selscan as js
+
+KNOBS = ("JAX_SELSCAN_SS_FWD_CHUNKS", "JAX_SELSCAN_SS_FWD_LANES", "JAX_SELSCAN_SS_BWD_CHUNKS")
+
+
+@contextlib.contextmanager
+def knobs(env):
+    old = {k: os.environ.get(k) for k in KNOBS}
+    for k in KNOBS:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def inputs(shape, dtype, seed=0):
+    b, D, L, N = shape
+    k = jax.random.split(jax.random.PRNGKey(seed), 9)
+    dt = jnp.dtype(dtype)
+    return (jax.random.normal(k[0], (b, D, L)).astype(dt),
+            (jax.random.normal(k[1], (b, D, L)) * 0.5 - 1.0).astype(dt),
+            -jnp.exp(jax.random.normal(k[5], (D, N)) * 0.5),
+            jax.random.normal(k[3], (b, N, L)).astype(dt),
+            jax.random.normal(k[4], (b, N, L)).astype(dt),
+            jax.random.normal(k[6], (D,)),
+            jax.random.normal(k[2], (b, D, L)).astype(dt),
+            jax.random.uniform(k[7], (D,)) * 0.5), jax.random.normal(k[8], (b, D, L)).astype(dt)
+
+
+def compiled(kind, args, g):
+    ss = lambda *x: js.selective_scan(*x, delta_softplus=True)
+    if kind == "fwd":
+        return jax.jit(ss).lower(*args).compile(), args
+    f = lambda g, *x: jax.vjp(ss, *x)[1](g)
+    return jax.jit(f).lower(g, *args).compile(), (g,) + args
+
+
+def per_call_us(fn, args, calls):
+    for _ in range(2):
+        jax.block_until_ready(fn(*args))
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        r = fn(*args)
+    jax.block_until_ready(r)
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def sweep(shape, dtype, kind, settings, passes, budget_ms):
+    """{label: median us} over `passes` passes, each timing every setting once."""
+    args, g = inputs(shape, dtype)
+    fns, ref = {}, None
+    for label, env in settings:
+        with knobs(env):
+            fn, a = compiled(kind, args, g)
+            out = jax.block_until_ready(fn(*a))
+        first = np.asarray(jnp.asarray(jax.tree_util.tree_leaves(out)[0], jnp.float32))
+        if ref is None:
+            ref = first
+        # Every plan computes the same function: a plan that changed the result is a bug.
+        err = float(np.max(np.abs(first - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+        fns[label] = (fn, a, env, err)
+    times = {label: [] for label, _ in settings}
+    for _ in range(passes):
+        for label, (fn, a, env, _) in fns.items():
+            with knobs(env):
+                once = per_call_us(fn, a, 1)
+                calls = max(3, min(200, int(budget_ms * 1e3 / max(once, 1.0))))
+                times[label].append(per_call_us(fn, a, calls))
+    return {label: {"us": statistics.median(v), "runs": v, "rel_diff_vs_first": fns[label][3]}
+            for label, v in times.items()}
+
+
+def bidirectional(shape, dtype, passes, budget_ms):
+    args, _ = inputs(shape, dtype)
+    fns = {d: jax.jit(lambda *x, d=d: js.selective_scan(*x, delta_softplus=True, direction=d)).lower(*args).compile()
+           for d in ("forward", "reverse", "bidirectional")}
+    t = {d: [] for d in fns}
+    for _ in range(passes):
+        for d, fn in fns.items():
+            once = per_call_us(fn, args, 1)
+            t[d].append(per_call_us(fn, args, max(3, min(200, int(budget_ms * 1e3 / max(once, 1.0))))))
+    m = {d: statistics.median(v) for d, v in t.items()}
+    return {"forward_us": m["forward"], "reverse_us": m["reverse"], "bidirectional_us": m["bidirectional"],
+            "two_calls_over_bidirectional": (m["forward"] + m["reverse"]) / m["bidirectional"]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--budget-ms", type=float, default=60.0, help="time per timed batch of calls")
+    opt = ap.parse_args()
+    os.makedirs(opt.out, exist_ok=True)
+    fwd_settings = [("default", {})]
+    for lanes in ("4", "8"):
+        for n in ("1", "2", "3", "4", "6", "8"):
+            fwd_settings.append((f"P{lanes} n{n}", {KNOBS[0]: n, KNOBS[1]: lanes}))
+    bwd_settings = [("default", {})] + [(f"bwd n{n}", {KNOBS[2]: n}) for n in ("1", "2", "3", "4", "6")]
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": os.environ.get("JAX_SELSCAN_COMMIT", ""), "jax": jax.__version__,
+           "device": str(jax.devices()[0].device_kind), "passes": opt.passes, "fwd": [], "fwd_bwd": [], "bidir": []}
+    try:
+        res["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm", "--format=csv,noheader"],
+                                    capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    few_rows = [(1, 5120, 16384, 16), (1, 1536, 8192, 16), (2, 2560, 8192, 16)]
+    for shape in few_rows:
+        for dtype in ("float32", "bfloat16"):
+            r = sweep(shape, dtype, "fwd", fwd_settings, opt.passes, opt.budget_ms)
+            res["fwd"].append({"shape": shape, "dtype": dtype, "times": r})
+            print("fwd", shape, dtype, " ".join(f"{k}: {v['us']:.0f}" for k, v in r.items()), flush=True)
+            r = sweep(shape, dtype, "fwd_bwd", bwd_settings, opt.passes, opt.budget_ms)
+            res["fwd_bwd"].append({"shape": shape, "dtype": dtype, "times": r})
+            print("fwd+bwd", shape, dtype, " ".join(f"{k}: {v['us']:.0f}" for k, v in r.items()), flush=True)
+    for shape in ((8, 1536, 2048, 16), (1, 5120, 16384, 16)):
+        for dtype in ("float32", "bfloat16"):
+            r = bidirectional(shape, dtype, opt.passes, opt.budget_ms)
+            res["bidir"].append({"shape": shape, "dtype": dtype, **r})
+            print("bidir", shape, dtype, {k: round(v, 2) for k, v in r.items()}, flush=True)
+    with open(os.path.join(opt.out, "gpu_selective_scan_split.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    lines = [f"# selective_scan launch plans on {res.get('gpu', res['device'])}", "",
+             f"date {res['date']}, commit {res['commit']}, jax {res['jax']}, command "
+             f"`python3 -P benchmarks/gpu_selective_scan_split.py --passes {opt.passes} --budget-ms {opt.budget_ms:g}`", "",
+             "Pipelined per-call µs, medians over passes that alternate the settings; (8, 1536, 2048)-style "
+             "shapes are (batch, D, L, N), z, delta_bias and softplus on. `Pp nk`: P lanes per row, k L chunks "
+             "(the forward's knobs); `bwd nk`: the backward's chunks with the default forward.", ""]
+    for key, title in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
+        labels = list(res[key][0]["times"])
+        lines += [f"## {title}", "", "| shape | dtype | " + " | ".join(labels) + " |",
+                  "|---|---|" + "---:|" * len(labels)]
+        for e in res[key]:
+            best = min(v["us"] for v in e["times"].values())
+            cells = [(f"**{v['us']:.0f}**" if v["us"] == best else f"{v['us']:.0f}") for v in e["times"].values()]
+            lines.append(f"| {'x'.join(map(str, e['shape']))} | {e['dtype']} | " + " | ".join(cells) + " |")
+        worst = max(v["rel_diff_vs_first"] for e in res[key] for v in e["times"].values())
+        lines += ["", f"Largest relative difference of a plan's output from the default's: {worst:.1e}.", ""]
+    lines += ["## bidirectional against two directional calls", "",
+              "| shape | dtype | forward µs | reverse µs | bidirectional µs | (fwd + rev) / bidirectional |",
+              "|---|---|---:|---:|---:|---:|"]
+    for e in res["bidir"]:
+        lines.append(f"| {'x'.join(map(str, e['shape']))} | {e['dtype']} | {e['forward_us']:.0f} | {e['reverse_us']:.0f} | "
+                     f"{e['bidirectional_us']:.0f} | {e['two_calls_over_bidirectional']:.2f}x |")
+    with open(os.path.join(opt.out, "gpu_selective_scan_split.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
