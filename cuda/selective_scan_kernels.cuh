@@ -213,7 +213,6 @@ struct FwdArgs {
   int P;              // lanes per row
   int mode;
   bool rev;
-  bool ck_vec;        // staged kernel: ckpt rows take a lane's states as 8/16-byte vectors
   // The L split (SsPlan::nch > 1): chunk c = blockIdx.y walks steps [c * chunk_steps,
   // (c + 1) * chunk_steps) of the walking order, entering with chunk_h[row][c][.] (written
   // by chunk_carry) instead of h0; only the last chunk writes `last`. nch <= 1: no split.
@@ -700,6 +699,7 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
 // (dD, ddelta_bias, dA: Q = batch x chunks x directions, inner = D or D x N) from running one
 // dependent load chain per thread.
 constexpr int kSumWarps = 8;
+constexpr int kSumUnroll = 8;
 constexpr int kMaxSumJobs = 8;
 struct SumJob {
   const float* in;
@@ -726,7 +726,18 @@ static __global__ void __launch_bounds__(32 * kSumWarps) sum_jobs(SumJobs jobs) 
     if (idx < total) {
       const int64_t o = idx / jb.inner, i = idx % jb.inner;
       const float* src = jb.in + o * jb.Q * jb.inner + i;
-      for (int64_t q = w; q < jb.Q; q += kSumWarps) acc += src[q * jb.inner];
+      // kSumUnroll of the warp's terms loaded before any is added: independent loads in flight
+      // (a loop of load-then-add waits one memory round trip per term).
+      for (int64_t q0 = w; q0 < jb.Q; q0 += kSumWarps * kSumUnroll) {
+        float v[kSumUnroll];
+#pragma unroll
+        for (int k = 0; k < kSumUnroll; ++k) {
+          const int64_t q = q0 + k * kSumWarps;
+          v[k] = q < jb.Q ? src[q * jb.inner] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < kSumUnroll; ++k) acc += v[k];
+      }
     }
     part[w][lane] = acc;
     __syncthreads();

@@ -95,7 +95,7 @@ struct Reductions {
   void add(const float* in, float* out, int64_t outer, int64_t Q, int64_t inner) {
     const int64_t tiles = (outer * inner + 31) / 32;
     if (!out || tiles == 0 || jobs.n == kMaxSumJobs) return;
-    const int64_t nb = tiles < 132 * 16 ? tiles : 132 * 16;
+    const int64_t nb = tiles < (int64_t{1} << 24) ? tiles : (int64_t{1} << 24);
     jobs.job[jobs.n++] = SumJob{in, out, outer, Q, inner, nb};
     blocks += nb;
   }

@@ -179,28 +179,6 @@ __host__ __device__ constexpr int staged_min_blocks(int P, int NS) {
   return P >= 16 ? 1 : (NS >= 8 ? 2 : (P <= 4 ? 4 : 3));
 }
 
-// A lane's NS states into a checkpoint row at dst: 16- or 8-byte stores when `vec` (the
-// caller's check that dst is aligned and all NS states are real), else one float per real state
-// (`live` of them: N minus the lane's first state).
-template <int NS>
-__device__ __forceinline__ void save_states(float* dst, const float (&h)[NS], bool vec, int live) {
-  if (vec) {
-    if (live <= 0) return;
-    if constexpr (NS % 4 == 0) {
-#pragma unroll
-      for (int i = 0; i < NS; i += 4) *reinterpret_cast<float4*>(dst + i) = make_float4(h[i], h[i + 1], h[i + 2], h[i + 3]);
-      return;
-    } else if constexpr (NS % 2 == 0) {
-#pragma unroll
-      for (int i = 0; i < NS; i += 2) *reinterpret_cast<float2*>(dst + i) = make_float2(h[i], h[i + 1]);
-      return;
-    }
-  }
-#pragma unroll
-  for (int sx = 0; sx < NS; ++sx)
-    if (sx < live) dst[sx] = h[sx];
-}
-
 template <class T, int P, int NS>
 __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_staged_kernel(FwdArgs a) {
   constexpr int NT = kSRows * P;
@@ -416,7 +394,11 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       // The forward saving the backward's checkpoints: the states entering each group.
       float* ckp = a.ckpt && rlive ? a.ckpt + row * a.ck_row + (k * kST / kCk) * N + q * NS : nullptr;
       auto save = [&](int j0) {
-        if (ckp && k * kST + j0 < L) save_states<NS>(ckp + (j0 / kCk) * N, h, a.ck_vec, static_cast<int>(N) - q * NS);
+        if (ckp && k * kST + j0 < L) {
+#pragma unroll
+          for (int sx = 0; sx < NS; ++sx)
+            if (q * NS + sx < N) ckp[(j0 / kCk) * N + sx] = h[sx];
+        }
       };
       // A group's sums are stored only after the next group's steps: a shared store ahead of
       // them would keep their shared loads (which the compiler cannot tell apart from it)
@@ -447,7 +429,11 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         if (mode == kChunkEnd) S += X[j].x;  // padding steps have dt = 0
         else if (j % kCk == 0) {
           const int64_t s = k * kST + j;
-          if (s < L && rlive) save_states<NS>(a.ckpt + row * a.ck_row + (s / kCk) * N + q * NS, h, a.ck_vec, static_cast<int>(N) - q * NS);
+          if (s < L && rlive) {
+#pragma unroll
+            for (int sx = 0; sx < NS; ++sx)
+              if (q * NS + sx < N) a.ckpt[row * a.ck_row + (s / kCk) * N + q * NS + sx] = h[sx];
+          }
         }
         step(j);
       }
@@ -509,15 +495,10 @@ cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const size_t smem = staged_smem_bytes(P * NS);
   auto kern = fwd_staged_kernel<T, P, NS>;
-  // Checkpoints as vectors where every state of a live lane is real (N a multiple of NS) and
-  // the rows stay aligned (their strides and offsets are multiples of N).
-  FwdArgs x = a;
-  x.ck_vec = a.ckpt && a.p.N % NS == 0 &&
-             reinterpret_cast<uintptr_t>(a.ckpt) % (sizeof(float) * (NS % 4 == 0 ? 4 : 2)) == 0;
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kern<<<dim3(static_cast<unsigned>(blocks), chunks), kSRows * P, smem, stream>>>(x);
+  kern<<<dim3(static_cast<unsigned>(blocks), chunks), kSRows * P, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
