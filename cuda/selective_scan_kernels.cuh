@@ -692,52 +692,72 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
 }
 
 // The backward's partial sums, all of them in one launch: job j is out[o, i] = sum over q < Q
-// of in[o, q, i]. A block takes 32 consecutive outputs (lane = output, so each warp reads 128
-// contiguous bytes) and its 8 warps split q: warp w sums q = w, w + 8, ... in increasing order,
-// then warp 0 adds the 8 partial sums in warp order. The order depends only on Q, so the
-// gradients stay bitwise reproducible; splitting q keeps the small outputs with long sums
-// (dD, ddelta_bias, dA: Q = batch x chunks x directions, inner = D or D x N) from running one
-// dependent load chain per thread.
+// of in[o, q, i], in an order fixed by the job's shape (so the gradients stay bitwise
+// reproducible). Two layouts, per job:
+// * split 1 (many outputs: dB, dC of varying B/C, dh0): a thread per output sums q = 0, 1, ...
+//   in order, kSumUnroll loads in flight at a time; consecutive threads, consecutive outputs;
+// * split kSumWarps (few outputs with long sums: dA, dD, ddelta_bias over batch x chunks x
+//   directions): a block takes 32 consecutive outputs, warp w sums q = w, w + 8, ... in order,
+//   then warp 0 adds the 8 partial sums in warp order; one thread per output would wait
+//   Q / kSumUnroll memory round trips in a handful of blocks.
 constexpr int kSumWarps = 8;
+constexpr int kSumThreads = 32 * kSumWarps;
 constexpr int kSumUnroll = 8;
 constexpr int kMaxSumJobs = 8;
 struct SumJob {
   const float* in;
   float* out;
   int64_t outer, Q, inner;
-  int64_t blocks;  // blocks of this job; each strides over its 32-output tiles
+  int split;       // 1 or kSumWarps
+  int64_t blocks;  // blocks of this job; each strides over the job's tiles
 };
 struct SumJobs {
   SumJob job[kMaxSumJobs];
   int n;
 };
+// Outputs per tile (one block iteration) of a job.
+__host__ __device__ constexpr int64_t sum_tile(int split) { return split == 1 ? kSumThreads : 32; }
 
-static __global__ void __launch_bounds__(32 * kSumWarps) sum_jobs(SumJobs jobs) {
+// Adds src[q * inner] for q = q0, q0 + dq, ... < Q to acc, in that order, kSumUnroll loads
+// issued before their adds.
+__device__ __forceinline__ float sum_terms(const float* src, int64_t inner, int64_t q0, int64_t dq, int64_t Q,
+                                           float acc) {
+  for (; q0 < Q; q0 += dq * kSumUnroll) {
+    float v[kSumUnroll];
+#pragma unroll
+    for (int k = 0; k < kSumUnroll; ++k) {
+      const int64_t q = q0 + k * dq;
+      v[k] = q < Q ? src[q * inner] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < kSumUnroll; ++k) acc += v[k];
+  }
+  return acc;
+}
+
+static __global__ void __launch_bounds__(kSumThreads) sum_jobs(SumJobs jobs) {
   __shared__ float part[kSumWarps][32];
   int64_t blk = blockIdx.x;
   int j = 0;
   while (j < jobs.n - 1 && blk >= jobs.job[j].blocks) blk -= jobs.job[j++].blocks;  // uniform
   const SumJob& jb = jobs.job[j];
+  const int64_t total = jb.outer * jb.inner, per = sum_tile(jb.split), tiles = (total + per - 1) / per;
+  if (jb.split == 1) {
+    for (int64_t t = blk; t < tiles; t += jb.blocks) {
+      const int64_t idx = t * per + threadIdx.x;
+      if (idx >= total) continue;
+      const int64_t o = idx / jb.inner, i = idx % jb.inner;
+      jb.out[idx] = sum_terms(jb.in + o * jb.Q * jb.inner + i, jb.inner, 0, 1, jb.Q, 0.f);
+    }
+    return;
+  }
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-  const int64_t total = jb.outer * jb.inner, tiles = (total + 31) / 32;
   for (int64_t t = blk; t < tiles; t += jb.blocks) {
-    const int64_t idx = t * 32 + lane;
+    const int64_t idx = t * per + lane;
     float acc = 0.f;
     if (idx < total) {
       const int64_t o = idx / jb.inner, i = idx % jb.inner;
-      const float* src = jb.in + o * jb.Q * jb.inner + i;
-      // kSumUnroll of the warp's terms loaded before any is added: independent loads in flight
-      // (a loop of load-then-add waits one memory round trip per term).
-      for (int64_t q0 = w; q0 < jb.Q; q0 += kSumWarps * kSumUnroll) {
-        float v[kSumUnroll];
-#pragma unroll
-        for (int k = 0; k < kSumUnroll; ++k) {
-          const int64_t q = q0 + k * kSumWarps;
-          v[k] = q < jb.Q ? src[q * jb.inner] : 0.f;
-        }
-#pragma unroll
-        for (int k = 0; k < kSumUnroll; ++k) acc += v[k];
-      }
+      acc = sum_terms(jb.in + o * jb.Q * jb.inner + i, jb.inner, w, kSumWarps, jb.Q, 0.f);
     }
     part[w][lane] = acc;
     __syncthreads();

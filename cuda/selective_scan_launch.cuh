@@ -93,16 +93,19 @@ struct Reductions {
   SumJobs jobs{};
   int64_t blocks = 0;
   void add(const float* in, float* out, int64_t outer, int64_t Q, int64_t inner) {
-    const int64_t tiles = (outer * inner + 31) / 32;
-    if (!out || tiles == 0 || jobs.n == kMaxSumJobs) return;
+    const int64_t total = outer * inner;
+    if (!out || total == 0 || jobs.n == kMaxSumJobs) return;
+    // A thread per output once there are enough of them to fill the GPU, or the sums are short.
+    const int split = total >= 32768 || Q < 2 * kSumWarps ? 1 : kSumWarps;
+    const int64_t tiles = (total + sum_tile(split) - 1) / sum_tile(split);
     const int64_t nb = tiles < (int64_t{1} << 24) ? tiles : (int64_t{1} << 24);
-    jobs.job[jobs.n++] = SumJob{in, out, outer, Q, inner, nb};
+    jobs.job[jobs.n++] = SumJob{in, out, outer, Q, inner, split, nb};
     blocks += nb;
   }
   cudaError_t launch(cudaStream_t stream) const {
     if (jobs.n == 0) return cudaSuccess;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    sum_jobs<<<static_cast<unsigned>(blocks), 32 * kSumWarps, 0, stream>>>(jobs);
+    sum_jobs<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(jobs);
     return cudaGetLastError();
   }
 };
