@@ -409,6 +409,27 @@ def test_gradients_staged_bwd_shapes(case, direction):
         assert rel_err(got[k], want[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], want[k]))
 
 
+# The backward's reductions over batch x chunks x directions in their 8-warp layout (sum_jobs:
+# fewer than 32768 outputs and at least 16 terms each): dA, dD, ddelta_bias, and time-invariant
+# dB / dC on the round-1 backward (D not a multiple of 32); with the L split forced, the chunks
+# multiply the terms.
+@pytest.mark.parametrize("dim, b_kind, direction, chunks", [
+    (64, "variable", "forward", None), (64, "variable", "bidirectional", None),
+    (40, "invariant", "reverse", None), (64, "variable", "forward", "3")])
+def test_gradients_long_partial_sums(dim, b_kind, direction, chunks, monkeypatch):
+    if chunks:
+        monkeypatch.setenv("JAX_SELSCAN_SS_BWD_CHUNKS", chunks)
+    rng = rng_for("gradsum", dim, b_kind, direction, chunks)
+    batch = 20
+    x = make_inputs(rng, batch, dim, 800 if chunks else 40, 16, b_kind=b_kind)
+    kw = dict(delta_softplus=True, direction=direction)
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
+    want = _grads(selective_scan_ref, to64(x), kw, cot)
+    for k in got:
+        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+
+
 def test_backward_kernel_choices_agree(monkeypatch):
     rng = rng_for("bchoice")
     x = make_inputs(rng, 2, 64, 70, 16)
