@@ -53,6 +53,7 @@ import jax.numpy as jnp
 
 import jax_selscan
 from jax_selscan import selective_scan, selective_scan_ref
+from jax_selscan.bench import scoped_env
 
 SHAPES = [(8, 1536, 2048, 16), (8, 2560, 4096, 16), (1, 5120, 16384, 16), (64, 768, 512, 16)]
 MEMORY_SHAPE = (8, 1536, 2048, 16)
@@ -492,17 +493,8 @@ def bench_shape(shape, dtype_name, opts, ctx, run_deadline):
             if impl == "ours":
                 outs[impl], grads[impl] = bench_jax_impl(selective_scan, jargs, jg, rec, opts, guard, "ours")
             elif impl in VARIANTS:
-                keys = ("JAX_SELSCAN_SS_FWD", "JAX_SELSCAN_SS_BWD")
-                old = {k: os.environ.get(k) for k in keys}
-                os.environ.update({k: VARIANTS[impl] for k in keys})
-                try:
+                with scoped_env({k: VARIANTS[impl] for k in ("JAX_SELSCAN_SS_FWD", "JAX_SELSCAN_SS_BWD")}):
                     outs[impl], grads[impl] = bench_jax_impl(selective_scan, jargs, jg, rec, opts, guard, impl)
-                finally:
-                    for k, v in old.items():
-                        if v is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = v
             elif impl == "ref":
                 outs[impl], grads[impl] = bench_jax_impl(selective_scan_ref, jargs, jg, rec, opts, guard, "ref")
             elif impl == "mamba":

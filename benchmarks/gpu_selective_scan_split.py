@@ -10,7 +10,6 @@ so each setting is traced and compiled with its environment and called with it i
 Writes DIR/gpu_selective_scan_split.json and .md (notes PERFORMANCE_SELECTIVE_SCAN_CUDA 14).
 """
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -23,24 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_selscan as js
+from jax_selscan.bench import scoped_env
 
 KNOBS = ("JAX_SELSCAN_SS_FWD_CHUNKS", "JAX_SELSCAN_SS_FWD_LANES", "JAX_SELSCAN_SS_BWD_CHUNKS")
 
 
-@contextlib.contextmanager
 def knobs(env):
-    old = {k: os.environ.get(k) for k in KNOBS}
-    for k in KNOBS:
-        os.environ.pop(k, None)
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    """The kernels' knobs set to `env` (the others unset) for a block."""
+    return scoped_env(env, clear=KNOBS)
 
 
 def inputs(shape, dtype, seed=0):

@@ -24,6 +24,7 @@ and, when matplotlib is installed, a PNG plot (--png).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -115,6 +116,24 @@ class Progress:
 
 
 # --- timing ------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def scoped_env(env, clear=()):
+    """Environment variables set (and those named in `clear` removed) for the block, then
+    restored: the kernels' knobs (JAX_SELSCAN_SS_*) are read per call and at trace time."""
+    old = {k: os.environ.get(k) for k in (*clear, *env)}
+    for k in clear:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
 
 def median_time(fn, *args, repeats, min_time=0.0):
     """Median seconds of fn(*args) after a warm-up (compile) call; at least `repeats`
