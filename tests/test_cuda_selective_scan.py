@@ -10,7 +10,6 @@ error is meaningless near zero crossings):
 """
 from __future__ import annotations
 
-import itertools
 import os
 import zlib
 
@@ -302,6 +301,16 @@ def _grads(fn, x, kw, cot, cot_last=None):
     return jax.grad(lambda p: loss({**p, **absent}))(present)
 
 
+def check_grads_against_ref(x, kw, rng, tol):
+    """The kernels' gradients for a random cotangent (drawn from rng) against the float64
+    reference's, within tol of the reference's largest magnitude."""
+    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
+    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
+    want = _grads(selective_scan_ref, to64(x), kw, cot)
+    for k in got:
+        assert rel_err(got[k], want[k]) < tol, (k, rel_err(got[k], want[k]))
+
+
 @pytest.mark.parametrize("direction, opts, bc", [
     (d, o, ("variable", "variable")) for d in DIRECTIONS for o in OPTION_SETS] + [
     (d, OPTION_SETS[0], bc) for d in DIRECTIONS for bc in (("invariant", "grouped"), ("grouped", "invariant"))])
@@ -327,11 +336,7 @@ def test_gradients_16bit(dtype, length):
     rng = rng_for("grad16", str(dtype), length)
     x = make_inputs(rng, 2, 8, length, 16, dtype=dtype, b_kind="grouped", groups=2)
     kw = dict(delta_softplus=True)
-    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
-    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
-    want = _grads(selective_scan_ref, to64(x), kw, cot)
-    for k in got:
-        assert rel_err(got[k], want[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], want[k]))
+    check_grads_against_ref(x, kw, rng, GRAD_TOL[dtype])
 
 
 @pytest.mark.parametrize("dstate, b_kind", [(8, "variable"), (4, "grouped"), (2, "variable")])
@@ -342,11 +347,7 @@ def test_gradients_many_rows_few_states(dstate, b_kind):
     rng = rng_for("gradwide", dstate, b_kind)
     x = make_inputs(rng, 16, 2048, 40, dstate, b_kind=b_kind, c_kind="variable")
     kw = dict(delta_softplus=True)
-    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
-    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
-    want = _grads(selective_scan_ref, to64(x), kw, cot)
-    for k in got:
-        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+    check_grads_against_ref(x, kw, rng, GRAD_TOL[F32])
 
 
 @pytest.mark.parametrize("dstate", [1, 5, 64])
@@ -354,11 +355,7 @@ def test_gradients_state_counts(dstate):
     rng = rng_for("gradN", dstate)
     x = make_inputs(rng, 1, 16, 70, dstate)
     kw = dict(delta_softplus=True, return_last_state=False)
-    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
-    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
-    want = _grads(selective_scan_ref, to64(x), kw, cot)
-    for k in got:
-        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+    check_grads_against_ref(x, kw, rng, GRAD_TOL[F32])
 
 
 @pytest.mark.parametrize("case", [(1, 40, 77, 16, 1, F32), (2, 64, 64, 16, 2, F32)])
@@ -370,11 +367,7 @@ def test_gradients_staged_checkpoints(case, direction):
     rng = rng_for("gstaged", case, direction)
     x = make_inputs(rng, batch, dim, length, dstate, b_kind=kind, c_kind=kind, groups=groups)
     kw = dict(delta_softplus=True, direction=direction)
-    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
-    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
-    want = _grads(selective_scan_ref, to64(x), kw, cot)
-    for k in got:
-        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+    check_grads_against_ref(x, kw, rng, GRAD_TOL[F32])
 
 
 # The staged backward (D % 32 == 0, N <= 16, varying B/C in 32-row groups): every option set
@@ -402,11 +395,7 @@ def test_gradients_staged_bwd_shapes(case, direction):
     rng = rng_for("sbwd2", case, direction)
     x = make_inputs(rng, batch, dim, length, dstate, dtype=dtype)
     kw = dict(delta_softplus=True, direction=direction)
-    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
-    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
-    want = _grads(selective_scan_ref, to64(x), kw, cot)
-    for k in got:
-        assert rel_err(got[k], want[k]) < GRAD_TOL[dtype], (k, rel_err(got[k], want[k]))
+    check_grads_against_ref(x, kw, rng, GRAD_TOL[dtype])
 
 
 # The backward's reductions over batch x chunks x directions in their 8-warp layout (sum_jobs:
@@ -423,11 +412,7 @@ def test_gradients_long_partial_sums(dim, b_kind, direction, chunks, monkeypatch
     batch = 20
     x = make_inputs(rng, batch, dim, 800 if chunks else 40, 16, b_kind=b_kind)
     kw = dict(delta_softplus=True, direction=direction)
-    cot = jnp.asarray(rng.standard_normal(x["u"].shape), jnp.float64)
-    got = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
-    want = _grads(selective_scan_ref, to64(x), kw, cot)
-    for k in got:
-        assert rel_err(got[k], want[k]) < GRAD_TOL[F32], (k, rel_err(got[k], want[k]))
+    check_grads_against_ref(x, kw, rng, GRAD_TOL[F32])
 
 
 def test_backward_kernel_choices_agree(monkeypatch):
