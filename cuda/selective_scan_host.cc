@@ -94,9 +94,9 @@ int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_blo
   const int64_t slots = static_cast<int64_t>(sms) * (staged ? 3 : 2);
   if (blocks < 1 || (staged ? 2 : 1) * blocks > slots) return 1;
   int64_t n = slots / blocks;
-  // Staged, measured on the H200 (PERFORMANCE_SELECTIVE_SCAN_CUDA 14): with 2 or 3 chunks of
-  // whole grids per wave, twice as many (about 1.6 waves of smaller chunks) was faster, e.g.
-  // 160 row blocks: 2 chunks 6.68 ms, 3 chunks 7.21, 4 chunks 6.32 (fwd+bwd, (1, 5120, 16384)).
+  // Staged: where that gives 2 or 3 chunks, twice as many (about 1.6 waves of shorter chunks)
+  // measured faster on the H200 (PERFORMANCE_SELECTIVE_SCAN_CUDA 14.1, 14.4), e.g. 160 row
+  // blocks, fwd+bwd of (1, 5120, 16384): 2 chunks 6.68 ms, 3 chunks 7.21, 4 chunks 6.32.
   if (staged && n <= 3) n *= 2;
   n = std::min(n, p.L / 256);
   return n > 1 ? n : 1;

@@ -92,9 +92,14 @@ cudaError_t bwd(const BwdArgs& a, int NS, int chunks, cudaStream_t stream) {
 struct Reductions {
   SumJobs jobs{};
   int64_t blocks = 0;
+  bool overflow = false;  // more jobs than SumJobs holds: launch() refuses rather than drop one
   void add(const float* in, float* out, int64_t outer, int64_t Q, int64_t inner) {
     const int64_t total = outer * inner;
-    if (!out || total == 0 || jobs.n == kMaxSumJobs) return;
+    if (!out || total == 0) return;
+    if (jobs.n == kMaxSumJobs) {
+      overflow = true;
+      return;
+    }
     // A thread per output once there are enough of them to fill the GPU, or the sums are short.
     const int split = total >= 32768 || Q < 2 * kSumWarps ? 1 : kSumWarps;
     const int64_t tiles = (total + sum_tile(split) - 1) / sum_tile(split);
@@ -103,6 +108,7 @@ struct Reductions {
     blocks += nb;
   }
   cudaError_t launch(cudaStream_t stream) const {
+    if (overflow) return cudaErrorInvalidValue;
     if (jobs.n == 0) return cudaSuccess;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     sum_jobs<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(jobs);
@@ -242,8 +248,7 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
   red.add(b.pdD, io.dD, 1, bnc, Dm);
   red.add(b.pdbias, io.ddelta_bias, 1, bnc, Dm);
   if (b.pdh0) red.add(b.pdh0, io.dh0, 1, ndir, R * N);
-  const cudaError_t err = red.launch(stream);
-  return err;
+  return red.launch(stream);
 }
 
 }  // namespace ssk
