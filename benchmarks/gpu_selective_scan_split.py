@@ -64,6 +64,12 @@ def per_call_us(fn, args, calls):
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def budgeted_us(fn, args, budget_ms):
+    """Per-call µs over as many back-to-back calls (3 to 200) as fit in about budget_ms."""
+    once = per_call_us(fn, args, 1)
+    return per_call_us(fn, args, max(3, min(200, int(budget_ms * 1e3 / max(once, 1.0)))))
+
+
 def sweep(shape, dtype, kind, settings, passes, budget_ms):
     """{label: median us} over `passes` passes, each timing every setting once."""
     args, g = inputs(shape, dtype)
@@ -82,9 +88,7 @@ def sweep(shape, dtype, kind, settings, passes, budget_ms):
     for _ in range(passes):
         for label, (fn, a, env, _) in fns.items():
             with knobs(env):
-                once = per_call_us(fn, a, 1)
-                calls = max(3, min(200, int(budget_ms * 1e3 / max(once, 1.0))))
-                times[label].append(per_call_us(fn, a, calls))
+                times[label].append(budgeted_us(fn, a, budget_ms))
     return {label: {"us": statistics.median(v), "runs": v, "rel_diff_vs_first": fns[label][3]}
             for label, v in times.items()}
 
@@ -96,8 +100,7 @@ def bidirectional(shape, dtype, passes, budget_ms):
     t = {d: [] for d in fns}
     for _ in range(passes):
         for d, fn in fns.items():
-            once = per_call_us(fn, args, 1)
-            t[d].append(per_call_us(fn, args, max(3, min(200, int(budget_ms * 1e3 / max(once, 1.0))))))
+            t[d].append(budgeted_us(fn, args, budget_ms))
     m = {d: statistics.median(v) for d, v in t.items()}
     return {"forward_us": m["forward"], "reverse_us": m["reverse"], "bidirectional_us": m["bidirectional"],
             "two_calls_over_bidirectional": (m["forward"] + m["reverse"]) / m["bidirectional"]}

@@ -718,10 +718,10 @@ struct SumJobs {
 // Outputs per tile (one block iteration) of a job.
 __host__ __device__ constexpr int64_t sum_tile(int split) { return split == 1 ? kSumThreads : 32; }
 
-// Adds src[q * inner] for q = q0, q0 + dq, ... < Q to acc, in that order, kSumUnroll loads
-// issued before their adds.
-__device__ __forceinline__ float sum_terms(const float* src, int64_t inner, int64_t q0, int64_t dq, int64_t Q,
-                                           float acc) {
+// The sum of src[q * inner] for q = q0, q0 + dq, ... < Q, added from 0 in that order,
+// kSumUnroll loads issued before their adds.
+__device__ __forceinline__ float sum_terms(const float* src, int64_t inner, int64_t q0, int64_t dq, int64_t Q) {
+  float acc = 0.f;
   for (; q0 < Q; q0 += dq * kSumUnroll) {
     float v[kSumUnroll];
 #pragma unroll
@@ -747,7 +747,7 @@ static __global__ void __launch_bounds__(kSumThreads) sum_jobs(SumJobs jobs) {
       const int64_t idx = t * per + threadIdx.x;
       if (idx >= total) continue;
       const int64_t o = idx / jb.inner, i = idx % jb.inner;
-      jb.out[idx] = sum_terms(jb.in + o * jb.Q * jb.inner + i, jb.inner, 0, 1, jb.Q, 0.f);
+      jb.out[idx] = sum_terms(jb.in + o * jb.Q * jb.inner + i, jb.inner, 0, 1, jb.Q);
     }
     return;
   }
@@ -757,7 +757,7 @@ static __global__ void __launch_bounds__(kSumThreads) sum_jobs(SumJobs jobs) {
     float acc = 0.f;
     if (idx < total) {
       const int64_t o = idx / jb.inner, i = idx % jb.inner;
-      acc = sum_terms(jb.in + o * jb.Q * jb.inner + i, jb.inner, w, kSumWarps, jb.Q, 0.f);
+      acc = sum_terms(jb.in + o * jb.Q * jb.inner + i, jb.inner, w, kSumWarps, jb.Q);
     }
     part[w][lane] = acc;
     __syncthreads();

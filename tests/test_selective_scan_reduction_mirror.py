@@ -46,15 +46,17 @@ def plan(jobs, cap=1 << 24):
     return out
 
 
-def sum_terms(x, base, inner, q0, dq, Q, acc, unroll=K_UNROLL, step=None):
-    """The kernel's sum_terms for a vector of threads (base: each thread's src offset)."""
-    step = dq * unroll if step is None else step
+def sum_terms(x, base, inner, q0, dq, Q, step=None):
+    """The kernel's sum_terms for a vector of threads (base: each thread's src offset); `step`
+    overrides the stride between load batches (a broken variant)."""
+    step = dq * K_UNROLL if step is None else step
+    acc = np.zeros(len(base), np.float32)
     while q0 < Q:
         v = []
-        for k in range(unroll):
+        for k in range(K_UNROLL):
             q = q0 + k * dq
             v.append(x[base + q * inner] if q < Q else np.zeros_like(acc))
-        for k in range(unroll):
+        for k in range(K_UNROLL):
             acc = (acc + v[k]).astype(np.float32)
         q0 += step
     return acc
@@ -86,7 +88,7 @@ def run(jobs, bug=None):
                 if bug == "swap_oi":
                     o, i = idx % jb["outer"], idx // jb["outer"]
                 base = o * jb["Q"] * jb["inner"] + i
-                s = sum_terms(jb["x"], base, jb["inner"], 0, 1, jb["Q"], np.zeros(len(idx), np.float32))
+                s = sum_terms(jb["x"], base, jb["inner"], 0, 1, jb["Q"])
             else:
                 idx = t * per + np.arange(32)
                 live = idx < total
@@ -95,8 +97,7 @@ def run(jobs, bug=None):
                 part = []
                 for w in range(K_WARPS):
                     step = K_UNROLL if bug == "q_step" else None
-                    part.append(sum_terms(jb["x"], base, jb["inner"], w, K_WARPS, jb["Q"],
-                                          np.zeros(32, np.float32), step=step))
+                    part.append(sum_terms(jb["x"], base, jb["inner"], w, K_WARPS, jb["Q"], step=step))
                 s = part[0]
                 for w in range(1, K_WARPS):
                     s = (s + part[w]).astype(np.float32)
