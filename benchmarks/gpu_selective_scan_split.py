@@ -2,12 +2,14 @@
 the forward's lanes per row at the shapes with few rows, and the bidirectional call against two
 directional calls. Pipelined per-call times (medians over passes that alternate the settings).
 
-    python3 -P benchmarks/gpu_selective_scan_split.py --out DIR      (GPU machine, package installed)
+    python3 -P benchmarks/gpu_selective_scan_split.py --out DIR [--study plans|sub|lanes]
+                                                     (GPU machine, package installed)
 
 The settings are the kernels' environment knobs (JAX_SELSCAN_SS_FWD_CHUNKS, _SS_FWD_LANES,
-_SS_BWD_CHUNKS). The scratch an XLA call carries is sized at trace time from the same knobs,
+_SS_BWD_CHUNKS, _SS_FWD_SUB, _SS_BWD_SUB). The scratch an XLA call carries is sized at trace time from the same knobs,
 so each setting is traced and compiled with its environment and called with it in place.
-Writes DIR/gpu_selective_scan_split.json and .md (notes PERFORMANCE_SELECTIVE_SCAN_CUDA 14).
+Writes DIR/gpu_selective_scan_split[_STUDY].json and .md (notes PERFORMANCE_SELECTIVE_SCAN_CUDA
+14, 15).
 """
 import argparse
 import datetime
@@ -24,7 +26,25 @@ import numpy as np
 import jax_selscan as js
 from jax_selscan.bench import scoped_env
 
-KNOBS = ("JAX_SELSCAN_SS_FWD_CHUNKS", "JAX_SELSCAN_SS_FWD_LANES", "JAX_SELSCAN_SS_BWD_CHUNKS")
+KNOBS = ("JAX_SELSCAN_SS_FWD_CHUNKS", "JAX_SELSCAN_SS_FWD_LANES", "JAX_SELSCAN_SS_BWD_CHUNKS",
+         "JAX_SELSCAN_SS_FWD_SUB", "JAX_SELSCAN_SS_BWD_SUB")
+FEW_ROWS = [(1, 5120, 16384, 16), (1, 1536, 8192, 16), (2, 2560, 8192, 16)]
+
+
+def studies():
+    """{name: (shapes, forward settings, forward + backward settings, bidirectional shapes)};
+    a setting is (label, knobs)."""
+    plans_fwd = [("default", {})] + [(f"P{p} n{n}", {KNOBS[0]: n, KNOBS[1]: p})
+                                     for p in ("4", "8") for n in ("1", "2", "3", "4", "6", "8")]
+    plans_bwd = [("default", {})] + [(f"bwd n{n}", {KNOBS[2]: n}) for n in ("1", "2", "3", "4", "6")]
+    # phase A's sub-chunks per chunk (PERFORMANCE_SELECTIVE_SCAN_CUDA 15)
+    sub_fwd = [("default", {})] + [(f"sub{m}", {KNOBS[3]: m}) for m in ("1", "2", "4", "6")]
+    sub_bwd = [("default", {})] + [(f"bwd sub{m}", {KNOBS[4]: m}) for m in ("1", "3", "4")]
+    # the lanes of every forward walk, the checkpointing one of a forward + backward included
+    lanes = [("default", {})] + [(f"P{p}", {KNOBS[1]: p}) for p in ("4", "8")]
+    return {"plans": (FEW_ROWS, plans_fwd, plans_bwd, [(8, 1536, 2048, 16), (1, 5120, 16384, 16)]),
+            "sub": (FEW_ROWS, sub_fwd, sub_bwd, []),
+            "lanes": ([(64, 768, 512, 16), (8, 1536, 2048, 16)], lanes, lanes, [])}
 
 
 def knobs(env):
@@ -111,23 +131,21 @@ def main():
     ap.add_argument("--out", default="out")
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--budget-ms", type=float, default=60.0, help="time per timed batch of calls")
+    ap.add_argument("--study", default="plans", choices=sorted(studies()),
+                    help="plans: chunks and lanes at few rows, bidirectional; sub: phase A's sub-chunks; "
+                         "lanes: the forward's lanes with and without the backward")
     opt = ap.parse_args()
     os.makedirs(opt.out, exist_ok=True)
-    fwd_settings = [("default", {})]
-    for lanes in ("4", "8"):
-        for n in ("1", "2", "3", "4", "6", "8"):
-            fwd_settings.append((f"P{lanes} n{n}", {KNOBS[0]: n, KNOBS[1]: lanes}))
-    bwd_settings = [("default", {})] + [(f"bwd n{n}", {KNOBS[2]: n}) for n in ("1", "2", "3", "4", "6")]
+    shapes, fwd_settings, bwd_settings, bidir_shapes = studies()[opt.study]
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("JAX_SELSCAN_COMMIT", ""), "jax": jax.__version__,
-           "device": str(jax.devices()[0].device_kind), "passes": opt.passes, "fwd": [], "fwd_bwd": [], "bidir": []}
+           "device": str(jax.devices()[0].device_kind), "passes": opt.passes, "study": opt.study, "fwd": [], "fwd_bwd": [], "bidir": []}
     try:
         res["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm", "--format=csv,noheader"],
                                     capture_output=True, text=True).stdout.strip()
     except OSError:
         pass
-    few_rows = [(1, 5120, 16384, 16), (1, 1536, 8192, 16), (2, 2560, 8192, 16)]
-    for shape in few_rows:
+    for shape in shapes:
         for dtype in ("float32", "bfloat16"):
             r = sweep(shape, dtype, "fwd", fwd_settings, opt.passes, opt.budget_ms)
             res["fwd"].append({"shape": shape, "dtype": dtype, "times": r})
@@ -135,19 +153,22 @@ def main():
             r = sweep(shape, dtype, "fwd_bwd", bwd_settings, opt.passes, opt.budget_ms)
             res["fwd_bwd"].append({"shape": shape, "dtype": dtype, "times": r})
             print("fwd+bwd", shape, dtype, " ".join(f"{k}: {v['us']:.0f}" for k, v in r.items()), flush=True)
-    for shape in ((8, 1536, 2048, 16), (1, 5120, 16384, 16)):
+    for shape in bidir_shapes:
         for dtype in ("float32", "bfloat16"):
             r = bidirectional(shape, dtype, opt.passes, opt.budget_ms)
             res["bidir"].append({"shape": shape, "dtype": dtype, **r})
             print("bidir", shape, dtype, {k: round(v, 2) for k, v in r.items()}, flush=True)
-    with open(os.path.join(opt.out, "gpu_selective_scan_split.json"), "w") as f:
+    stem = os.path.join(opt.out, "gpu_selective_scan_split" + ("" if opt.study == "plans" else "_" + opt.study))
+    with open(stem + ".json", "w") as f:
         json.dump(res, f, indent=1)
     lines = [f"# selective_scan launch plans on {res.get('gpu', res['device'])}", "",
              f"date {res['date']}, commit {res['commit']}, jax {res['jax']}, command "
-             f"`python3 -P benchmarks/gpu_selective_scan_split.py --passes {opt.passes} --budget-ms {opt.budget_ms:g}`", "",
+             f"`python3 -P benchmarks/gpu_selective_scan_split.py --study {opt.study} --passes {opt.passes} --budget-ms {opt.budget_ms:g}`", "",
              "Pipelined per-call µs, medians over passes that alternate the settings; (8, 1536, 2048)-style "
              "shapes are (batch, D, L, N), z, delta_bias and softplus on. `Pp nk`: P lanes per row, k L chunks "
-             "(the forward's knobs); `bwd nk`: the backward's chunks with the default forward.", ""]
+             "(the forward's knobs); `bwd nk`: the backward's chunks with the default forward; `subm` / `bwd subm`: "
+             "m sub-chunks per chunk in phase A of the forward's / backward's L split; `Pp` alone: every forward "
+             "walk on p lanes per row.", ""]
     for key, title in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
         labels = list(res[key][0]["times"])
         lines += [f"## {title}", "", "| shape | dtype | " + " | ".join(labels) + " |",
@@ -158,13 +179,14 @@ def main():
             lines.append(f"| {'x'.join(map(str, e['shape']))} | {e['dtype']} | " + " | ".join(cells) + " |")
         worst = max(v["rel_diff_vs_first"] for e in res[key] for v in e["times"].values())
         lines += ["", f"Largest relative difference of a plan's output from the default's: {worst:.1e}.", ""]
-    lines += ["## bidirectional against two directional calls", "",
-              "| shape | dtype | forward µs | reverse µs | bidirectional µs | (fwd + rev) / bidirectional |",
-              "|---|---|---:|---:|---:|---:|"]
+    if res["bidir"]:
+        lines += ["## bidirectional against two directional calls", "",
+                  "| shape | dtype | forward µs | reverse µs | bidirectional µs | (fwd + rev) / bidirectional |",
+                  "|---|---|---:|---:|---:|---:|"]
     for e in res["bidir"]:
         lines.append(f"| {'x'.join(map(str, e['shape']))} | {e['dtype']} | {e['forward_us']:.0f} | {e['reverse_us']:.0f} | "
                      f"{e['bidirectional_us']:.0f} | {e['two_calls_over_bidirectional']:.2f}x |")
-    with open(os.path.join(opt.out, "gpu_selective_scan_split.md"), "w") as f:
+    with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
 
 

@@ -105,10 +105,13 @@ struct SsPlan {
   int CB = 0;        // backward: rows per block
   int64_t K = 0;     // checkpoints per row
   // The forward's L split (also used by the backward's checkpoint sweep): nch chunks of
-  // chunk_steps steps (a multiple of 32), or nch = 1. See ss_fwd_chunks.
-  int64_t nch = 1, chunk_steps = 0;
-  // The backward's own L split (ss_bwd_chunks): bnch chunks of bchunk_steps steps.
-  int64_t bnch = 1, bchunk_steps = 0;
+  // chunk_steps steps (a multiple of 32), or nch = 1. See ss_fwd_chunks. Its phase A walks
+  // sub-chunks, sub per chunk, of sub_steps steps, nsub of them in all (chunk c is
+  // sub-chunks [c * sub, (c + 1) * sub) clipped to nsub); sub = 1, nsub = nch: none.
+  int64_t nch = 1, chunk_steps = 0, sub = 1, sub_steps = 0, nsub = 1;
+  // The backward's own L split (ss_bwd_chunks): bnch chunks of bchunk_steps steps, its
+  // phase A on bnsub sub-chunks of bsub_steps, bsub per chunk.
+  int64_t bnch = 1, bchunk_steps = 0, bsub = 1, bsub_steps = 0, bnsub = 1;
   size_t ybuf = 0, ckpt = 0, pdB = 0, pdC = 0, pdA = 0, pdD = 0, pdbias = 0, pdh0 = 0,
          du_acc = 0, dd_acc = 0, chunk_h = 0, chunk_S = 0, bchunk_g = 0, bchunk_S = 0, total = 0;
   // JAX_SELSCAN_SS_GUARD=1 (cuda/tools/ss_driver): kGuardBytes right after the exact end of

@@ -2,6 +2,7 @@
 #include "selective_scan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -43,6 +44,43 @@ void geometry(int64_t N, int64_t rows, int* ns_out, int* p_out) {
   *p_out = static_cast<int>(P);
 }
 
+// Row blocks of one L chunk's grid, and the blocks the GPU holds at once (the kernels'
+// occupancy on the H200: staged forward 4 per SM, round-1 forward 16 of 128 threads, staged
+// backward 3, round-1 backward 2).
+void fwd_grid(const SsProblem& p, int sms, int lanes, int64_t* blocks, int64_t* slots) {
+  const bool staged = ss_fwd_staged(p);
+  *blocks = staged ? p.batch * ((p.dim + 31) / 32) : (p.batch * p.dim * lanes + 127) / 128;
+  *slots = static_cast<int64_t>(sms) * (staged ? 4 : 16);
+}
+void bwd_grid(const SsProblem& p, int sms, bool staged, int rows_per_block, int64_t* blocks, int64_t* slots) {
+  *blocks = p.batch * (p.dim / rows_per_block);
+  *slots = static_cast<int64_t>(sms) * (staged ? 3 : 2);
+}
+
+// Sub-chunks per chunk for phase A of an L split: its grid is the row blocks times the chunks
+// before the last (forward) or after the first (backward), which fills few of the GPU's slots
+// when there are few rows (e.g. 160 row blocks x 2 chunks on 528 slots: 61%); walking each
+// such chunk as m sub-chunks gives m times the blocks of 1/m the length, and the carries fold
+// m times as many aggregates. The smallest m <= 8 whose last wave is >= 80% busy, else the
+// busiest; `env` (JAX_SELSCAN_SS_FWD_SUB / _BWD_SUB, measurements) forces it.
+int64_t phase_a_sub(const char* env, int64_t blocks, int64_t chunks_a, int64_t slots, int64_t tiles_per_chunk) {
+  int64_t m = 0;
+  if (const char* e = std::getenv(env)) m = std::atoll(e);
+  if (m < 1) {
+    double best = -1.0;
+    for (int64_t k = 1; k <= 8; ++k) {
+      const double w = static_cast<double>(blocks * chunks_a * k) / static_cast<double>(slots);
+      const double fill = w / std::ceil(w);
+      if (fill > best + 1e-9) {
+        best = fill;
+        m = k;
+      }
+      if (fill >= 0.8) break;
+    }
+  }
+  return std::max<int64_t>(1, std::min(m, tiles_per_chunk));
+}
+
 }  // namespace
 
 bool ss_supported(const SsProblem& p) {
@@ -73,8 +111,8 @@ int64_t ss_fwd_chunks(const SsProblem& p, int sms, int lanes) {
     if (n >= 1) return n;
   }
   const bool staged = ss_fwd_staged(p);
-  const int64_t blocks = staged ? p.batch * ((p.dim + 31) / 32) : (p.batch * p.dim * lanes + 127) / 128;
-  const int64_t slots = static_cast<int64_t>(sms) * (staged ? 4 : 16);
+  int64_t blocks, slots;
+  fwd_grid(p, sms, lanes, &blocks, &slots);
   // Measured on the H200 (PERFORMANCE_SELECTIVE_SCAN_CUDA 5.6): the staged kernel gains from
   // 160 blocks (of 528 slots) on; the round-1 kernel lost 6-25% when split at 640-768 blocks
   // of 128 threads, so it splits only grids of at most 2 blocks per SM.
@@ -90,8 +128,8 @@ int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_blo
   }
   // Staged: 3 blocks per SM, split at <= half of them; round 1 (128-thread blocks): as its
   // forward, only grids of at most 2 blocks per SM.
-  const int64_t blocks = p.batch * (p.dim / rows_per_block);
-  const int64_t slots = static_cast<int64_t>(sms) * (staged ? 3 : 2);
+  int64_t blocks, slots;
+  bwd_grid(p, sms, staged, rows_per_block, &blocks, &slots);
   if (blocks < 1 || (staged ? 2 : 1) * blocks > slots) return 1;
   int64_t n = slots / blocks;
   // Staged: where that gives 2 or 3 chunks, twice as many (about 1.6 waves of shorter chunks)
@@ -131,22 +169,35 @@ SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
     off = align256(off);
     return at;
   };
-  // Whole 32-step tiles per chunk, at most 65535 chunks (the grid's y extent).
-  auto split = [&](int64_t want, int64_t* nch, int64_t* steps) {
+  // Whole 32-step tiles per chunk and per sub-chunk, at most 65535 of either (the grid's y
+  // extent); `sub_env`, blocks, slots: phase_a_sub.
+  const int sms = device_sms();
+  auto split = [&](int64_t want, const char* sub_env, int64_t blocks, int64_t slots, int64_t* nch,
+                   int64_t* steps, int64_t* sub, int64_t* sub_steps, int64_t* nsub) {
     const int64_t tiles = (p.L + 31) / 32;
     const int64_t n = std::min<int64_t>(std::min<int64_t>(want, tiles), 65535);
-    if (n > 1) {
-      const int64_t per = (tiles + n - 1) / n;
-      *steps = per * 32;
-      *nch = (tiles + per - 1) / per;
-    }
+    if (n <= 1) return;
+    int64_t per = (tiles + n - 1) / n;
+    const int64_t m = std::min<int64_t>(phase_a_sub(sub_env, blocks, (tiles + per - 1) / per - 1, slots, per),
+                                        65535 / n);
+    const int64_t sub_tiles = (per + m - 1) / m;
+    per = sub_tiles * m;
+    if ((tiles + per - 1) / per <= 1) return;
+    *nch = (tiles + per - 1) / per;
+    *steps = per * 32;
+    *sub = m;
+    *sub_steps = sub_tiles * 32;
+    *nsub = (tiles + sub_tiles - 1) / sub_tiles;
   };
   // The forward walk's L split (the forward, and the backward's checkpoint sweep).
   if (!backward || !saved_ckpt) {
-    split(ss_fwd_chunks(p, device_sms(), s.P), &s.nch, &s.chunk_steps);
+    int64_t blocks, slots;
+    fwd_grid(p, sms, s.P, &blocks, &slots);
+    split(ss_fwd_chunks(p, sms, s.P), "JAX_SELSCAN_SS_FWD_SUB", blocks, slots, &s.nch, &s.chunk_steps,
+          &s.sub, &s.sub_steps, &s.nsub);
     if (s.nch > 1) {
-      s.chunk_h = take(static_cast<size_t>(R * s.nch * p.N));
-      s.chunk_S = take(static_cast<size_t>(R * s.nch));
+      s.chunk_h = take(static_cast<size_t>(R * s.nsub * p.N));
+      s.chunk_S = take(static_cast<size_t>(R * s.nsub));
     }
   }
   if (!backward) {
@@ -164,7 +215,12 @@ SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
   while (CB > 1 && bad(CB)) CB /= 2;
   s.staged_bwd = ss_staged_bwd_ok(p);
   s.CB = s.staged_bwd ? 32 : CB;
-  split(ss_bwd_chunks(p, device_sms(), s.staged_bwd, s.CB), &s.bnch, &s.bchunk_steps);
+  {
+    int64_t blocks, slots;
+    bwd_grid(p, sms, s.staged_bwd, s.CB, &blocks, &slots);
+    split(ss_bwd_chunks(p, sms, s.staged_bwd, s.CB), "JAX_SELSCAN_SS_BWD_SUB", blocks, slots, &s.bnch,
+          &s.bchunk_steps, &s.bsub, &s.bsub_steps, &s.bnsub);
+  }
   const size_t bn = static_cast<size_t>(s.bnch);  // the per-row partials get a chunk index
   // (s.CB, the blocks the kernel runs: the staged backward's 32 rows, not 128 / P, which is 64
   // for N <= 8 on >= 32768 rows and made this buffer too small, notes 8.8)
@@ -177,8 +233,8 @@ SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
   s.pdD = take(static_cast<size_t>(p.batch * ndir * p.dim) * bn);
   s.pdbias = take(static_cast<size_t>(p.batch * ndir * p.dim) * bn);
   if (s.bnch > 1) {
-    s.bchunk_g = take(static_cast<size_t>(R * s.bnch * p.N));
-    s.bchunk_S = take(static_cast<size_t>(R * s.bnch));
+    s.bchunk_g = take(static_cast<size_t>(R * s.bnsub * p.N));
+    s.bchunk_S = take(static_cast<size_t>(R * s.bnsub));
   }
   if (p.h0) s.pdh0 = take(static_cast<size_t>(ndir * R * p.N));
   if (ndir == 2) {

@@ -216,25 +216,30 @@ struct FwdArgs {
   // The L split (SsPlan::nch > 1): chunk c = blockIdx.y walks steps [c * chunk_steps,
   // (c + 1) * chunk_steps) of the walking order, entering with chunk_h[row][c][.] (written
   // by chunk_carry) instead of h0; only the last chunk writes `last`. nch <= 1: no split.
-  int64_t nch, chunk_steps;
-  float* chunk_h;     // (R, nch, N): phase A's end states, then the entering states
-  float* chunk_S;     // (R, nch): phase A's sum of dt per chunk
+  // Phase A runs on sub-chunks (SsPlan::sub per chunk): its launch has nch = ch_slots
+  // sub-chunks of one sub-chunk's steps, ch_sub = 1; the walk after the carries enters chunk c
+  // with the state entering its first sub-chunk, slot c * ch_sub.
+  int64_t nch, chunk_steps, ch_slots, ch_sub;
+  float* chunk_h;     // (R, ch_slots, N): phase A's end states, then the entering states
+  float* chunk_S;     // (R, ch_slots): phase A's sum of dt per sub-chunk
 };
 
 // The state entering chunk c of a walk, for state n of `row` (zero for padding states).
 __device__ __forceinline__ float chunk_entry(const FwdArgs& a, int64_t row, int64_t n, bool nval,
                                             int64_t c) {
   if (!nval || a.mode == kChunkEnd) return 0.f;
-  if (a.nch > 1) return a.chunk_h[(row * a.nch + c) * a.p.N + n];
+  if (a.nch > 1) return a.chunk_h[(row * a.ch_slots + c * a.ch_sub) * a.p.N + n];
   return a.p.h0 ? a.p.h0[row * a.p.N + n] : 0.f;
 }
 
-// L split, between phase A and phase C: one thread per (row, state) folds the chunks in the
-// walk's order, h_in[first] = init and h_in[next] = exp2(A log2e S_c) h_in[c] + h_end[c] (the
-// product of a chunk's decays is the exponential of A times its summed dt), overwriting the
-// end states in ch (R, nch, N) with the entering states. The forward folds chunks upwards
-// from h0; the backward's adjoint (g <- E (g + C dy)) folds them downwards from dlast.
-static __global__ void chunk_carry(SsProblem p, int64_t nch, float* ch, const float* cS,
+// L split, between phase A and phase C: one thread per (row, state) folds `count` of the row's
+// `slots` sub-chunk aggregates in the walk's order, h_in[first] = init and h_in[next] =
+// exp2(A log2e S_k) h_in[k] + h_end[k] (the product of a sub-chunk's decays is the exponential
+// of A times its summed dt), overwriting the end states in ch (R, slots, N) with the entering
+// states. The forward folds slots 0, 1, ... upwards from h0; the backward's adjoint
+// (g <- E (g + C dy)) folds slots - 1, slots - 2, ... downwards from dlast. The loads of four
+// slots go out together, ahead of their stores: one memory round trip per four, not per slot.
+static __global__ void chunk_carry(SsProblem p, int64_t slots, int64_t count, float* ch, const float* cS,
                                    const float* init, bool descending) {
   const int64_t N = p.N, R = p.batch * p.dim;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -242,13 +247,22 @@ static __global__ void chunk_carry(SsProblem p, int64_t nch, float* ch, const fl
   const int64_t row = i / N, n = i % N, d = row % p.dim;
   const float a2 = p.A[d * N + n] * kLog2e;
   float h = init ? init[row * N + n] : 0.f;
-  for (int64_t k = 0; k < nch; ++k) {
-    const int64_t c = descending ? nch - 1 - k : k;
-    float* slot = ch + (row * nch + c) * N + n;
-    const bool more = k + 1 < nch;
-    const float end = more ? *slot : 0.f;
-    *slot = h;
-    if (more) h = fmaf(fast_exp2(a2 * cS[row * nch + c]), h, end);
+  for (int64_t k0 = 0; k0 < count; k0 += 4) {
+    float end[4], dec[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t k = k0 + u, c = descending ? slots - 1 - k : k;
+      const bool more = k + 1 < count;  // the last slot is only written
+      end[u] = more ? ch[(row * slots + c) * N + n] : 0.f;
+      dec[u] = more ? cS[row * slots + c] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t k = k0 + u, c = descending ? slots - 1 - k : k;
+      if (k >= count) break;
+      ch[(row * slots + c) * N + n] = h;
+      if (k + 1 < count) h = fmaf(fast_exp2(a2 * dec[u]), h, end[u]);
+    }
   }
 }
 
@@ -420,8 +434,8 @@ __global__ void __launch_bounds__(kBlock) fwd_kernel(FwdArgs a) {
     if (live) {
 #pragma unroll
       for (int i = 0; i < NS; ++i)
-        if (nval[i]) a.chunk_h[(row * nch + c) * N + j * NS + i] = h[i];
-      if (j == 0) a.chunk_S[row * nch + c] = S;
+        if (nval[i]) a.chunk_h[(row * a.ch_slots + c) * N + j * NS + i] = h[i];
+      if (j == 0) a.chunk_S[row * a.ch_slots + c] = S;
     }
   } else if (a.last && live && c == nch - 1) {
 #pragma unroll
@@ -461,11 +475,21 @@ struct BwdArgs {
   // entering with chunk_g[row][c][.] instead of dlast. chunk_end (phase A): the adjoint alone
   // from g = 0, writing g and the sum of dt at the chunk's start. The per-row partials (pdA,
   // pdD, pdbias, time-invariant pdB / pdC) get a leading chunk index; chunk 0 writes dh0.
-  int64_t nch, chunk_steps, chunk_base;
-  float* chunk_g;         // (R, nch, N)
-  float* chunk_S;         // (R, nch)
+  // Phase A runs on sub-chunks (SsPlan::bsub per chunk; its launch: nch = ch_slots sub-chunks,
+  // ch_sub = 1); the backward after the carries enters chunk c with the adjoint entering its
+  // last sub-chunk (chunk_g_slot).
+  int64_t nch, chunk_steps, chunk_base, ch_slots, ch_sub;
+  float* chunk_g;         // (R, ch_slots, N)
+  float* chunk_S;         // (R, ch_slots)
   bool chunk_end;
 };
+
+// The slot of chunk_g holding the adjoint entering chunk c (walked backwards, so entered from
+// its last sub-chunk).
+__device__ __forceinline__ int64_t chunk_g_slot(const BwdArgs& a, int64_t row, int64_t c) {
+  const int64_t last = (c + 1) * a.ch_sub < a.ch_slots ? (c + 1) * a.ch_sub : a.ch_slots;
+  return row * a.ch_slots + last - 1;
+}
 
 template <class T, int NS>
 __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
@@ -505,7 +529,7 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
     a2[i] = an[i] * kLog2e;
     g[i] = 0.f;
     if (nval[i] && !a.chunk_end) {
-      if (nch > 1) g[i] = a.chunk_g[(row * nch + lc) * N + n];
+      if (nch > 1) g[i] = a.chunk_g[chunk_g_slot(a, row, lc) * N + n];
       else if (a.dlast) g[i] = a.dlast[row * N + n];
     }
     accA[i] = accB[i] = accC[i] = 0.f;
@@ -669,8 +693,8 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(BwdArgs a) {
   if (a.chunk_end) {
 #pragma unroll
     for (int i = 0; i < NS; ++i)
-      if (nval[i]) a.chunk_g[(row * nch + lc) * N + j * NS + i] = g[i];
-    if (j == 0) a.chunk_S[row * nch + lc] = S;
+      if (nval[i]) a.chunk_g[(row * a.ch_slots + lc) * N + j * NS + i] = g[i];
+    if (j == 0) a.chunk_S[row * a.ch_slots + lc] = S;
     return;
   }
   const int64_t pslot = ((lc * p.batch + b) * a.ndir + a.dir) * Dm + d;  // (chunk, batch, ndir, D)

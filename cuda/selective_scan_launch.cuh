@@ -44,13 +44,15 @@ cudaError_t fwd_launch(const FwdArgs& a, int NS, int chunks, cudaStream_t stream
 }
 
 // A forward walk (any mode but kChunkEnd), split along L when the plan says so: phase A
-// (kChunkEnd) on chunks 0 .. nch-2, the carries, then the walk itself on every chunk.
-// Phase A depends only on the problem, so a checkpoint sweep split the same way as the
-// forward that saved checkpoints reproduces them bitwise.
+// (kChunkEnd) on the sub-chunks of chunks 0 .. nch-2, the carries, then the walk itself on
+// every chunk. Phase A depends only on the problem, so a checkpoint sweep split the same way
+// as the forward that saved checkpoints reproduces them bitwise.
 template <class T>
 cudaError_t fwd(FwdArgs a, const SsPlan& plan, void* scratch, cudaStream_t stream) {
   a.nch = plan.nch;
   a.chunk_steps = plan.chunk_steps;
+  a.ch_slots = plan.nsub;
+  a.ch_sub = plan.sub;
   if (plan.nch <= 1) return fwd_launch<T>(a, plan.NS, 1, stream);
   a.chunk_h = reinterpret_cast<float*>(at(scratch, plan.chunk_h));
   a.chunk_S = reinterpret_cast<float*>(at(scratch, plan.chunk_S));
@@ -58,11 +60,15 @@ cudaError_t fwd(FwdArgs a, const SsPlan& plan, void* scratch, cudaStream_t strea
   pa.mode = kChunkEnd;
   pa.last = nullptr;
   pa.ckpt = nullptr;
-  cudaError_t err = fwd_launch<T>(pa, plan.NS, static_cast<int>(plan.nch - 1), stream);
+  pa.nch = plan.nsub;
+  pa.chunk_steps = plan.sub_steps;
+  pa.ch_sub = 1;
+  const int64_t walked = (plan.nch - 1) * plan.sub;  // the sub-chunks before the last chunk
+  cudaError_t err = fwd_launch<T>(pa, plan.NS, static_cast<int>(walked), stream);
   if (err != cudaSuccess) return err;
   const int64_t carries = a.p.batch * a.p.dim * a.p.N;
-  chunk_carry<<<static_cast<unsigned>((carries + 255) / 256), 256, 0, stream>>>(a.p, a.nch, a.chunk_h, a.chunk_S,
-                                                                               a.p.h0, false);
+  chunk_carry<<<static_cast<unsigned>((carries + 255) / 256), 256, 0, stream>>>(
+      a.p, plan.nsub, walked + 1, a.chunk_h, a.chunk_S, a.p.h0, false);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   return fwd_launch<T>(a, plan.NS, static_cast<int>(plan.nch), stream);
 }
@@ -150,8 +156,8 @@ cudaError_t forward(const SsProblem& p, const SsForwardOut& o, void* scratch, cu
 }
 
 // The backward of one direction (staged or round-1 kernel, as planned), split along L when the
-// plan says so: phase A (the adjoint alone) on chunks 1 .. bnch-1, the carries downwards from
-// dlast, then the backward itself on every chunk.
+// plan says so: phase A (the adjoint alone) on the sub-chunks of chunks 1 .. bnch-1, the
+// carries downwards from dlast, then the backward itself on every chunk.
 template <class T>
 cudaError_t bwd_split(BwdArgs b, const SsPlan& plan, void* scratch, cudaStream_t stream) {
   auto launch = [&](const BwdArgs& x, int chunks) {
@@ -161,17 +167,23 @@ cudaError_t bwd_split(BwdArgs b, const SsPlan& plan, void* scratch, cudaStream_t
   b.chunk_steps = plan.bchunk_steps;
   b.chunk_base = 0;
   b.chunk_end = false;
+  b.ch_slots = plan.bnsub;
+  b.ch_sub = plan.bsub;
   if (plan.bnch <= 1) return launch(b, 1);
   b.chunk_g = reinterpret_cast<float*>(at(scratch, plan.bchunk_g));
   b.chunk_S = reinterpret_cast<float*>(at(scratch, plan.bchunk_S));
   BwdArgs pa = b;
   pa.chunk_end = true;
-  pa.chunk_base = 1;
-  cudaError_t err = launch(pa, static_cast<int>(plan.bnch - 1));
+  pa.nch = plan.bnsub;
+  pa.chunk_steps = plan.bsub_steps;
+  pa.ch_sub = 1;
+  pa.chunk_base = plan.bsub;  // the sub-chunks after the first chunk
+  const int64_t walked = plan.bnsub - plan.bsub;
+  cudaError_t err = launch(pa, static_cast<int>(walked));
   if (err != cudaSuccess) return err;
   const int64_t carries = b.p.batch * b.p.dim * b.p.N;
-  chunk_carry<<<static_cast<unsigned>((carries + 255) / 256), 256, 0, stream>>>(b.p, b.nch, b.chunk_g, b.chunk_S,
-                                                                               b.dlast, true);
+  chunk_carry<<<static_cast<unsigned>((carries + 255) / 256), 256, 0, stream>>>(
+      b.p, plan.bnsub, walked + 1, b.chunk_g, b.chunk_S, b.dlast, true);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   return launch(b, static_cast<int>(plan.bnch));
 }

@@ -479,8 +479,8 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     if (rlive) {
 #pragma unroll
       for (int s = 0; s < NS; ++s)
-        if (q * NS + s < N) a.chunk_h[(row * nch + c) * N + q * NS + s] = h[s];
-      if (q == 0) a.chunk_S[row * nch + c] = S;
+        if (q * NS + s < N) a.chunk_h[(row * a.ch_slots + c) * N + q * NS + s] = h[s];
+      if (q == 0) a.chunk_S[row * a.ch_slots + c] = S;
     }
   } else if (a.last && rlive && c == nch - 1) {
 #pragma unroll

@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     a2[s] = an[s] * kLog2e;
     g[s] = 0.f;
     if (n < N && !a.chunk_end) {
-      if (nch > 1) g[s] = a.chunk_g[(row * nch + lc) * N + n];
+      if (nch > 1) g[s] = a.chunk_g[chunk_g_slot(a, row, lc) * N + n];
       else if (a.dlast) g[s] = a.dlast[row * N + n];
     }
     accA[s] = 0.f;
@@ -391,8 +391,8 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   if (a.chunk_end) {
 #pragma unroll
     for (int s = 0; s < NS; ++s)
-      if (state(s) < N) a.chunk_g[(row * nch + lc) * N + state(s)] = g[s];
-    if (q == 0) a.chunk_S[row * nch + lc] = S;
+      if (state(s) < N) a.chunk_g[(row * a.ch_slots + lc) * N + state(s)] = g[s];
+    if (q == 0) a.chunk_S[row * a.ch_slots + lc] = S;
     return;
   }
   // Per-row partials: dA, dh0 from the walking lanes; dD, ddelta_bias from the write-out

@@ -9,7 +9,7 @@
 # JAX_SELSCAN_SS_FWD=rows JAX_SELSCAN_SS_BWD=rows; SS_PYTEST_K="expr" selects tests of ss_pytest
 # with pytest -k),
 # ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_ncu_ab (ncu A/B of wheels:
-# SS_AB_WHEELS), ss_times_ab (every kernel's ncu time in one fwd and one vjp, per wheel), ss_split (the L split's launch plans and bidirectional vs two calls), ss_bench
+# SS_AB_WHEELS), ss_times_ab (every kernel's ncu time in one fwd and one vjp, per wheel), ss_split (the L split's launch plans and bidirectional vs two calls; SS_SPLIT_STUDIES), ss_bench
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
 #   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
@@ -222,8 +222,12 @@ if has ss_bench; then
 fi
 # The L split's chunk counts and the forward's lanes side by side at few-row shapes, and the
 # bidirectional call against two directional ones (benchmarks/gpu_selective_scan_split.py).
-has ss_split && TAIL=40 step ss_split ${SS_SPLIT_LIMIT:-420} $PY -P benchmarks/gpu_selective_scan_split.py \
-  --out "$OUT" ${SS_SPLIT_ARGS:-}
+if has ss_split; then  # one run per study of SS_SPLIT_STUDIES (plans, sub, lanes)
+  for study in ${SS_SPLIT_STUDIES:-plans}; do
+    TAIL=40 step ss_split_$study ${SS_SPLIT_LIMIT:-420} $PY -P benchmarks/gpu_selective_scan_split.py \
+      --out "$OUT" --study $study ${SS_SPLIT_ARGS:-}
+  done
+fi
 if has main_bench; then
   TAIL=40 step main_bench 300 $PY -P -m jax_selscan.bench --out "$OUT/bench_h200.json" ${MAIN_BENCH_ARGS:-}
   TAIL=12 step lru_drop_in 120 $PY -P examples/lru_drop_in.py

@@ -188,18 +188,23 @@ def test_forward_kernel_choices_agree(kernel, monkeypatch):
 # last one, both forward kernels, every direction; outputs and last states against the float64
 # reference, and the gradients, whose checkpoints then come from the split forward (and, with
 # JAX_SELSCAN_SS_FWD_CKPT=0, from the backward's sweep split the same way). A slow decay makes
-# the carries between chunks matter. JAX_SELSCAN_SS_BWD_CHUNKS splits the staged backward.
+# the carries between chunks matter. JAX_SELSCAN_SS_BWD_CHUNKS splits the staged backward;
+# JAX_SELSCAN_SS_{FWD,BWD}_SUB set phase A's sub-chunks per chunk.
 SPLIT_CASES = [((2, 64, 300, 16), "variable", "variable", F32),    # staged
                ((1, 32, 333, 16), "grouped", "variable", BF16),    # staged, L % 4 != 0
                ((2, 8, 300, 16), "invariant", "grouped", F32)]     # round 1
 
 
-@pytest.mark.parametrize("chunks", [2, 5])
+@pytest.mark.parametrize("chunks, sub", [(2, None), (5, None), (2, "1"), (3, "2")])
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("case", SPLIT_CASES)
-def test_forward_l_split(case, direction, chunks, monkeypatch):
+def test_forward_l_split(case, direction, chunks, sub, monkeypatch):
     (b, D, L, N), bk, ck, dtype = case
-    rng = rng_for("split", case, direction, chunks)
+    if sub:  # phase A's sub-chunks per chunk (by default as many as fill the GPU; these grids
+        # are tiny, so up to 8); 3 chunks of 2: the last chunk has fewer sub-chunks
+        monkeypatch.setenv("JAX_SELSCAN_SS_FWD_SUB", sub)
+        monkeypatch.setenv("JAX_SELSCAN_SS_BWD_SUB", sub)
+    rng = rng_for("split", case, direction, chunks, sub)
     x = make_inputs(rng, b, D, L, N, b_kind=bk, c_kind=ck, groups=1, dtype=dtype)
     x["A"] = x["A"] * 0.05
     kw = dict(delta_softplus=True, return_last_state=True, direction=direction)

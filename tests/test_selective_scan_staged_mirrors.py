@@ -7,12 +7,13 @@ backward: q + s * P; padded states), the reduce-scatter of per-lane partial sums
 which half, which step it finally holds), the write-out through the slots; for the backward,
 tiles and 8-step chunks walked last to first from the checkpoints, the adjoint in two halves
 (steps 7..4, then 3..0) with the dB/dC sums over the block's rows after each half, and the
-write-out of du, ddelta, dz; the L split of both (phase A on chunks of whole tiles, the
-carries folded upwards for the forward and downwards for the adjoint, phase C from the
-entering values, per-chunk partials). Rows share B and C, as in a block. Runs in CI without a GPU.
+write-out of du, ddelta, dz; the L split of both (phase A on sub-chunks of whole tiles, the
+carries folded over them upwards for the forward and downwards for the adjoint, phase C from
+the entering values of a chunk's first / last sub-chunk, per-chunk partials). Rows share B and C, as in a block. Runs in CI without a GPU.
 Every test first shows that a deliberately broken variant (no slot reversal, the forward's tile
 windows in reverse, the reduce-scatter keeping the wrong half, the halves in the wrong order, a
-carry adding before decaying or using another chunk's decay, dh0 from the wrong chunk) is caught.
+carry adding before decaying or using another chunk's decay, a chunk entered from the wrong
+sub-chunk, dh0 from the wrong chunk) is caught.
 """
 from __future__ import annotations
 
@@ -116,34 +117,47 @@ def staged_forward(rows, B, C, P, rev=False, broken=None, tiles=None, h_init=Non
     return out, [hh[:N] for hh in h]
 
 
-def chunk_tiles(L, nch):
-    """Host side of the L split (ss_plan): tiles per chunk and the chunk count actually used."""
+def chunk_tiles(L, nch, sub=1):
+    """Host side of the L split (ss_plan's split): tiles per chunk, the chunk count actually
+    used, tiles per sub-chunk of phase A and the sub-chunk count (`sub` per chunk)."""
     ntiles = -(-L // T)
     tpc = -(-ntiles // nch)
-    return tpc, -(-ntiles // tpc)
+    sub = max(1, min(sub, tpc))
+    st = -(-tpc // sub)
+    tpc = st * sub
+    return tpc, -(-ntiles // tpc), st, -(-ntiles // st)
 
 
-def chunked_forward(rows, B, C, P, nch, rev=False, broken=None):
-    """Mirror of the forward's L split: phase A (kChunkEnd) on chunks 0 .. n-2 from zero,
-    the carry kernel (chunk_carry), phase C (kFinal) on every chunk from its entering state."""
+def sub_windows(L, st, first, stop):
+    """Tile windows of sub-chunks first .. stop-1."""
+    return [(k * st, min((k + 1) * st, -(-L // T))) for k in range(first, stop)]
+
+
+def chunked_forward(rows, B, C, P, nch, rev=False, broken=None, sub=1):
+    """Mirror of the forward's L split: phase A (kChunkEnd) from zero on the sub-chunks of
+    chunks 0 .. n-2, the carry kernel (chunk_carry) over those sub-chunks, phase C (kFinal) on
+    every chunk from the state entering its first sub-chunk."""
     L = B.shape[1]
-    tpc, nch = chunk_tiles(L, nch)
+    tpc, nch, st, nsub = chunk_tiles(L, nch, sub)
+    m = tpc // st
     tiles = lambda c: (c * tpc, min((c + 1) * tpc, -(-L // T)))
     zero = [np.zeros_like(x["h0"]) for x in rows]
-    ends = [staged_forward(rows, B, C, P, rev, tiles=tiles(c), h_init=zero, chunk_end=True)
-            for c in range(nch - 1)]
-    h_in, h = [], [x["h0"].copy() for x in rows]
-    for c in range(nch):
-        h_in.append([hh.copy() for hh in h])
-        if c == nch - 1:
+    walked = (nch - 1) * m
+    ends = [staged_forward(rows, B, C, P, rev, tiles=w, h_init=zero, chunk_end=True)
+            for w in sub_windows(L, st, 0, walked)]
+    slot, h = [], [x["h0"].copy() for x in rows]
+    for k in range(walked + 1):
+        slot.append([hh.copy() for hh in h])
+        if k == walked:
             break
-        cs = c + 1 if (broken == "carry_next" and c + 2 < nch) else c  # another chunk's decay
+        ks = k + 1 if (broken == "carry_next" and k + 2 <= walked) else k  # another sub-chunk's decay
         for r, x in enumerate(rows):
-            decay = np.exp2(x["A"] * LOG2E * ends[cs][2][r])
-            h[r] = decay * (h[r] + ends[c][1][r]) if broken == "carry_order" else decay * h[r] + ends[c][1][r]
+            decay = np.exp2(x["A"] * LOG2E * ends[ks][2][r])
+            h[r] = decay * (h[r] + ends[k][1][r]) if broken == "carry_order" else decay * h[r] + ends[k][1][r]
     out, last = np.zeros((len(rows), L)), None
     for c in range(nch):
-        o, last = staged_forward(rows, B, C, P, rev, tiles=tiles(c), h_init=h_in[c])
+        entry = min(c * m + m - 1, walked) if broken == "entry_last" else c * m
+        o, last = staged_forward(rows, B, C, P, rev, tiles=tiles(c), h_init=slot[entry])
         out += o  # each time step belongs to exactly one chunk
     return out, last
 
@@ -177,11 +191,11 @@ def test_staged_forward_mirror(P, rev, L):
     assert close(staged_forward(rows, B, C, P, rev))
 
 
-@pytest.mark.parametrize("nch", [2, 3, 5])
+@pytest.mark.parametrize("nch, sub", [(2, 1), (3, 1), (5, 1), (2, 2), (2, 3)])
 @pytest.mark.parametrize("rev", [False, True])
 @pytest.mark.parametrize("L", [77, 200])
-def test_chunked_forward_mirror(nch, rev, L):
-    rng = np.random.default_rng(11 * L + nch + rev)
+def test_chunked_forward_mirror(nch, sub, rev, L):
+    rng = np.random.default_rng(11 * L + nch + rev + 17 * sub)
     rows, B, C = block(rng, 2, L, N=5)
     for x in rows:  # slow decay: a chunk's entering state still matters chunks later
         x["A"] = x["A"] * 0.02
@@ -192,11 +206,14 @@ def test_chunked_forward_mirror(nch, rev, L):
         return all(np.allclose(out[r], want[r][0], rtol=1e-9, atol=1e-9) and
                    np.allclose(last[r], want[r][1], rtol=1e-9, atol=1e-9) for r in range(len(rows)))
 
-    assert chunk_tiles(L, nch)[1] > 1
-    assert not close(chunked_forward(rows, B, C, 4, nch, rev, broken="carry_order"))
-    if chunk_tiles(L, nch)[1] > 2:
-        assert not close(chunked_forward(rows, B, C, 4, nch, rev, broken="carry_next"))
-    assert close(chunked_forward(rows, B, C, 4, nch, rev))
+    tpc, n, st, nsub = chunk_tiles(L, nch, sub)
+    assert n > 1 and (sub == 1 or tpc > st)  # split, and into sub-chunks when asked
+    assert not close(chunked_forward(rows, B, C, 4, nch, rev, broken="carry_order", sub=sub))
+    if (n - 1) * (tpc // st) > 1:
+        assert not close(chunked_forward(rows, B, C, 4, nch, rev, broken="carry_next", sub=sub))
+    if tpc > st:
+        assert not close(chunked_forward(rows, B, C, 4, nch, rev, broken="entry_last", sub=sub))
+    assert close(chunked_forward(rows, B, C, 4, nch, rev, sub=sub))
 
 
 def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None, tiles=None, g_init=None,
@@ -311,24 +328,28 @@ def staged_backward(rows, B, C, dout, dlast, P, rev=False, broken=None, tiles=No
     return per_row, dB, dC
 
 
-def chunked_backward(rows, B, C, dout, dlast, P, nch, rev=False, broken=None):
-    """Mirror of the staged backward's L split: phase A (the adjoint alone) on chunks 1 .. n-1
-    from zero, the carries downwards from dlast (chunk_carry, descending), the backward on every
-    chunk from its entering adjoint; per-row partials summed over chunks, dh0 from chunk 0."""
+def chunked_backward(rows, B, C, dout, dlast, P, nch, rev=False, broken=None, sub=1):
+    """Mirror of the staged backward's L split: phase A (the adjoint alone) from zero on the
+    sub-chunks of chunks 1 .. n-1, the carries over them downwards from dlast (chunk_carry,
+    descending), the backward on every chunk from the adjoint entering its last sub-chunk;
+    per-row partials summed over chunks, dh0 from chunk 0."""
     L = B.shape[1]
-    tpc, nch = chunk_tiles(L, nch)
+    tpc, nch, st, nsub = chunk_tiles(L, nch, sub)
+    m = tpc // st
     tiles = lambda c: (c * tpc, min((c + 1) * tpc, -(-L // T)))
     zero = [np.zeros_like(d) for d in dlast]
-    ends = {c: staged_backward(rows, B, C, dout, dlast, P, rev, tiles=tiles(c), g_init=zero, chunk_end=True)
-            for c in range(1, nch)}
-    g_in, g = {}, [d.copy() for d in dlast]
-    for c in range(nch - 1, -1, -1):
-        g_in[c] = [gg.copy() for gg in g]
-        if c == 0:
+    ends = {k: staged_backward(rows, B, C, dout, dlast, P, rev, tiles=w, g_init=zero, chunk_end=True)
+            for k, w in zip(range(m, nsub), sub_windows(L, st, m, nsub))}
+    slot, g = {}, [d.copy() for d in dlast]
+    for k in range(nsub - 1, m - 2, -1):
+        slot[k] = [gg.copy() for gg in g]
+        if k == m - 1:
             break
         for r, x in enumerate(rows):
-            decay = np.exp2(x["A"] * LOG2E * ends[c][1][r])
-            g[r] = decay * (g[r] + ends[c][0][r]) if broken == "carry_order" else decay * g[r] + ends[c][0][r]
+            decay = np.exp2(x["A"] * LOG2E * ends[k][1][r])
+            g[r] = decay * (g[r] + ends[k][0][r]) if broken == "carry_order" else decay * g[r] + ends[k][0][r]
+    g_in = {c: slot[(c * m if broken == "entry_first" and c > 0 else min((c + 1) * m, nsub) - 1)]
+            for c in range(nch)}
     total, dB, dC = None, 0.0, 0.0
     for c in range(nch):
         per_row, b, cc = staged_backward(rows, B, C, dout, dlast, P, rev, tiles=tiles(c), g_init=g_in[c])
@@ -345,11 +366,13 @@ def chunked_backward(rows, B, C, dout, dlast, P, nch, rev=False, broken=None):
     return total, dB, dC
 
 
-@pytest.mark.parametrize("nch", [2, 3])
+@pytest.mark.parametrize("nch, sub", [(2, 1), (3, 1), (2, 2), (2, 3)])
 @pytest.mark.parametrize("rev", [False, True])
-def test_chunked_backward_mirror(nch, rev):
-    L = 100  # 4 tiles: chunks of 2 tiles, or 2 + 2 (three asked: tiles per chunk round up)
-    rng = np.random.default_rng(900 + nch + rev)
+def test_chunked_backward_mirror(nch, sub, rev):
+    # L = 200, 7 tiles: 2 chunks of 4 tiles (4 + 3), 3 of 3 (3 + 3 + 1); sub-chunks of 2 tiles,
+    # 2 a chunk (the last one short) or 3 a chunk (the second chunk has only one).
+    L = 200
+    rng = np.random.default_rng(900 + nch + rev + 17 * sub)
     rows, B, C = block(rng, 2, L, N=3)
     for x in rows:  # slow decay: the carried adjoint matters
         x["A"] = x["A"] * 0.02
@@ -364,9 +387,15 @@ def test_chunked_backward_mirror(nch, rev):
             ok = ok and all(np.allclose(got[k], want[0][r][k], rtol=1e-9, atol=1e-9) for k in got)
         return ok
 
-    assert not close(chunked_backward(rows, B, C, dout, dlast, 4, nch, rev, broken="carry_order"))
-    assert not close(chunked_backward(rows, B, C, dout, dlast, 4, nch, rev, broken="dh0_last"))
-    assert close(chunked_backward(rows, B, C, dout, dlast, 4, nch, rev))
+    tpc, n, st, nsub = chunk_tiles(L, nch, sub)
+    assert n > 1 and (sub == 1 or tpc > st)
+    run = lambda broken=None: chunked_backward(rows, B, C, dout, dlast, 4, nch, rev, broken, sub)
+    assert not close(run("carry_order"))
+    assert not close(run("dh0_last"))
+    m = tpc // st
+    if any(min((c + 1) * m, nsub) - 1 != c * m for c in range(1, n)):
+        assert not close(run("entry_first"))
+    assert close(run())
 
 
 @pytest.mark.parametrize("P", [4, 8])
