@@ -532,7 +532,8 @@ int staged_blocks_per_sm() {
 // element) unless 8 lanes of 2 fill the GPU's last wave clearly better (e.g. 12288 rows:
 // 384 blocks fill 73% of the 528 slots of 4 blocks/SM, but 97% of the 396 slots of the
 // 8-lane blocks, which fit 3 per SM). More states: as many lanes as N needs.
-// `chunks`: the grid's L chunks (blockIdx.y): a.nch, or a.nch - 1 for phase A of the split.
+// `chunks`: the grid's L chunks (blockIdx.y): a.nch, or for phase A of the split the sub-chunks
+// before the last chunk.
 template <class T>
 cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t N = a.p.N;
