@@ -46,8 +46,9 @@ struct SsForwardOut {
 
 // Cotangents in, gradients out. dout is (batch, D, L) in t; dlast_* (batch, D, N) float32
 // or null (zero). Gradients: du, ddelta, dz in t (dz only with z); dA (D, N), dB/dC in
-// their operand's shape (float32), dD, ddelta_bias (D,), dh0 (batch, D, N) float32 (each
-// optional: null when the operand is absent).
+// their operand's shape (float32, or t where dB_in_t / dC_in_t: a varying B / C in t, so that
+// the reduction writes the operand's dtype and no cast follows), dD, ddelta_bias (D,), dh0
+// (batch, D, N) float32 (each optional: null when the operand is absent).
 struct SsBackwardIO {
   const float* ckpt = nullptr;  // the forward's checkpoints (SsForwardOut::ckpt) or null
   const void* dout = nullptr;
@@ -57,8 +58,9 @@ struct SsBackwardIO {
   void* ddelta = nullptr;
   void* dz = nullptr;
   float* dA = nullptr;
-  float* dB = nullptr;
-  float* dC = nullptr;
+  void* dB = nullptr;
+  void* dC = nullptr;
+  bool dB_in_t = false, dC_in_t = false;
   float* dD = nullptr;
   float* ddelta_bias = nullptr;
   float* dh0 = nullptr;

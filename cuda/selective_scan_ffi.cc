@@ -218,8 +218,17 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
   io.ddelta = ddelta->untyped_data();
   io.dz = has_z ? dz->untyped_data() : nullptr;
   io.dA = f32_result(*dA);
-  io.dB = f32_result(*dB);
-  io.dC = f32_result(*dC);
+  // dB / dC in float32, or, for a varying B / C in u's 16-bit dtype, in that dtype (rounded
+  // by the reduction that writes them)
+  auto bc_grad = [&](ffi::Result<ffi::AnyBuffer>& g, const ffi::AnyBuffer& x, bool varying, bool* in_t) -> bool {
+    *in_t = g->element_type() != ffi::DataType::F32;
+    return !*in_t || (varying && x.element_type() == u.element_type() && g->element_type() == u.element_type());
+  };
+  if (!bc_grad(dB, B, p.groups_b != 0, &io.dB_in_t) || !bc_grad(dC, C, p.groups_c != 0, &io.dC_in_t))
+    return ffi::Error::InvalidArgument(
+        "selective_scan backward (CUDA): dB / dC must be float32, or a varying B / C's own dtype (u's)");
+  io.dB = dB->untyped_data();
+  io.dC = dC->untyped_data();
   io.dD = has_D ? f32_result(*dD) : nullptr;
   io.ddelta_bias = has_bias ? f32_result(*dbias) : nullptr;
   io.dh0 = has_h0 ? f32_result(*dh0) : nullptr;

@@ -730,7 +730,8 @@ constexpr int kSumUnroll = 8;
 constexpr int kMaxSumJobs = 8;
 struct SumJob {
   const float* in;
-  float* out;
+  void* out;       // float32, or the kernel's T where out_t (dB / dC of a varying B / C)
+  bool out_t;
   int64_t outer, Q, inner;
   int split;       // 1 or kSumWarps
   int64_t blocks;  // blocks of this job; each strides over the job's tiles
@@ -759,6 +760,14 @@ __device__ __forceinline__ float sum_terms(const float* src, int64_t inner, int6
   return acc;
 }
 
+// out[idx] = v in the job's output dtype (T: rounded to nearest even, as XLA's convert).
+template <class T>
+__device__ __forceinline__ void sum_store(const SumJob& jb, int64_t idx, float v) {
+  if (jb.out_t) Io<T>::st(static_cast<T*>(jb.out), idx, v);
+  else static_cast<float*>(jb.out)[idx] = v;
+}
+
+template <class T>
 static __global__ void __launch_bounds__(kSumThreads) sum_jobs(SumJobs jobs) {
   __shared__ float part[kSumWarps][32];
   int64_t blk = blockIdx.x;
@@ -771,7 +780,7 @@ static __global__ void __launch_bounds__(kSumThreads) sum_jobs(SumJobs jobs) {
       const int64_t idx = t * per + threadIdx.x;
       if (idx >= total) continue;
       const int64_t o = idx / jb.inner, i = idx % jb.inner;
-      jb.out[idx] = sum_terms(jb.in + o * jb.Q * jb.inner + i, jb.inner, 0, 1, jb.Q);
+      sum_store<T>(jb, idx, sum_terms(jb.in + o * jb.Q * jb.inner + i, jb.inner, 0, 1, jb.Q));
     }
     return;
   }
@@ -789,7 +798,7 @@ static __global__ void __launch_bounds__(kSumThreads) sum_jobs(SumJobs jobs) {
       float sum = part[0][lane];
 #pragma unroll
       for (int k = 1; k < kSumWarps; ++k) sum += part[k][lane];
-      jb.out[idx] = sum;
+      sum_store<T>(jb, idx, sum);
     }
     __syncthreads();
   }

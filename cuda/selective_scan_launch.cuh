@@ -94,12 +94,13 @@ cudaError_t bwd(const BwdArgs& a, int NS, int chunks, cudaStream_t stream) {
 }
 
 // Collects the backward's reductions (out[o, i] = sum_q in[o, q, i]) and runs them as one
-// sum_jobs launch.
+// sum_jobs launch; an output in T (out_t) is rounded there, which saves XLA a convert.
+template <class T>
 struct Reductions {
   SumJobs jobs{};
   int64_t blocks = 0;
   bool overflow = false;  // more jobs than SumJobs holds: launch() refuses rather than drop one
-  void add(const float* in, float* out, int64_t outer, int64_t Q, int64_t inner) {
+  void add(const float* in, void* out, int64_t outer, int64_t Q, int64_t inner, bool out_t = false) {
     const int64_t total = outer * inner;
     if (!out || total == 0) return;
     if (jobs.n == kMaxSumJobs) {
@@ -110,14 +111,14 @@ struct Reductions {
     const int split = total >= 32768 || Q < 2 * kSumWarps ? 1 : kSumWarps;
     const int64_t tiles = (total + sum_tile(split) - 1) / sum_tile(split);
     const int64_t nb = tiles < (int64_t{1} << 24) ? tiles : (int64_t{1} << 24);
-    jobs.job[jobs.n++] = SumJob{in, out, outer, Q, inner, split, nb};
+    jobs.job[jobs.n++] = SumJob{in, out, out_t, outer, Q, inner, split, nb};
     blocks += nb;
   }
   cudaError_t launch(cudaStream_t stream) const {
     if (overflow) return cudaErrorInvalidValue;
     if (jobs.n == 0) return cudaSuccess;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    sum_jobs<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(jobs);
+    sum_jobs<T><<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(jobs);
     return cudaGetLastError();
   }
 };
@@ -247,14 +248,14 @@ cudaError_t backward(const SsProblem& p, const SsBackwardIO& io, void* scratch, 
   }
   const int64_t R = p.batch * p.dim, Dm = p.dim, N = p.N, bn = p.batch * ndir;
   const int64_t bnc = bn * plan.bnch;  // per-row partials: (chunk, batch, direction, ...)
-  Reductions red;
+  Reductions<T> red;
   red.add(b.pdA, io.dA, 1, bnc, Dm * N);
   if (p.groups_b)
-    red.add(b.pdB, io.dB, p.batch * p.groups_b, (Dm / p.groups_b / plan.CB) * ndir, N * p.L);
+    red.add(b.pdB, io.dB, p.batch * p.groups_b, (Dm / p.groups_b / plan.CB) * ndir, N * p.L, io.dB_in_t);
   else
     red.add(b.pdB, io.dB, 1, bnc, Dm * N);
   if (p.groups_c)
-    red.add(b.pdC, io.dC, p.batch * p.groups_c, (Dm / p.groups_c / plan.CB) * ndir, N * p.L);
+    red.add(b.pdC, io.dC, p.batch * p.groups_c, (Dm / p.groups_c / plan.CB) * ndir, N * p.L, io.dC_in_t);
   else
     red.add(b.pdC, io.dC, 1, bnc, Dm * N);
   red.add(b.pdD, io.dD, 1, bnc, Dm);

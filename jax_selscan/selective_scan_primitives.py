@@ -541,8 +541,11 @@ def _ss_bwd_cuda(*ops, **params):
     f32 = lambda x: x.astype(jnp.float32)
     S = jax.ShapeDtypeStruct
     ph = S((0,), jnp.float32)
+    # a varying B / C already in the activations' dtype gets its gradient in that dtype from
+    # the kernel's reduction (no convert after it); other gradients come in float32
+    bc = lambda x: S(x.shape, act) if x.ndim == 4 and x.dtype == act else S(x.shape, jnp.float32)
     types = [S(u.shape, act), S(u.shape, act), S(u.shape, act) if has[1] else ph,
-             S(A.shape, jnp.float32), S(B.shape, jnp.float32), S(C.shape, jnp.float32),
+             S(A.shape, jnp.float32), bc(B), bc(C),
              S(D.shape, jnp.float32) if has[0] else ph,
              S(bias.shape, jnp.float32) if has[2] else ph,
              S(h0.shape, jnp.float32) if has[3] else ph]

@@ -61,6 +61,32 @@ def test_forward_and_grad_use_the_kernels(dtype, direction):
     assert {FWD, BWD} <= calls
 
 
+def bwd_result_types(fn, *args):
+    """The element types of the CUDA backward custom call's results, in order."""
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    line = next(l for l in text.splitlines() if f"custom_call @{BWD}(" in l)
+    return re.findall(r"tensor<[^>]*?x?(bf16|f16|f32|ui8)>", line.rsplit("->", 1)[1])
+
+
+@pytest.mark.parametrize("dtype, bc_dtype, want", [(jnp.bfloat16, None, "bf16"), (jnp.float16, None, "f16"),
+                                                    (jnp.float32, None, "f32"),
+                                                    (jnp.bfloat16, jnp.float32, "f32")])
+def test_backward_writes_varying_dB_dC_in_their_dtype(dtype, bc_dtype, want):
+    # A varying B / C in the activations' dtype gets its gradient from the kernel's reduction
+    # in that dtype (no float32 result and convert after it); a B / C of another dtype than u
+    # makes the activations float32, and every gradient comes in float32.
+    x = inputs(dtype)
+    if bc_dtype is not None:
+        x = dict(x, B=x["B"].astype(bc_dtype), C=x["C"].astype(bc_dtype))
+    loss = lambda x: jnp.sum(jnp.sin(scan(x).astype(jnp.float32)))
+    types = bwd_result_types(jax.grad(loss), x)
+    # du, ddelta, dz, dA, dB, dC, dD, ddelta_bias, dh0 (placeholder), scratch
+    assert types[4:6] == [want, want], types
+    assert types[3] == types[6] == types[7] == "f32", types
+    g = jax.grad(loss)(x)
+    assert g["B"].dtype == x["B"].dtype and g["C"].dtype == x["C"].dtype
+
+
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 def test_grad_has_exactly_the_cuda_kernels_and_no_checkpoints(direction):
     # The CPU forward saves the backward's checkpoints under differentiation

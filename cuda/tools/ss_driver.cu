@@ -14,7 +14,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "selective_scan.h"
@@ -71,6 +73,23 @@ static bool same_bits(const void* x, const void* y, size_t bytes) {
   CK(cudaMemcpy(a.data(), x, bytes, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(b.data(), y, bytes, cudaMemcpyDeviceToHost));
   return a == b;
+}
+
+// Whether the bfloat16 buffer b16 holds the float32 buffer f32 rounded to nearest even, bit
+// for bit (NaN stays NaN).
+static bool rounded_bits(const void* f32, const void* b16, size_t n) {
+  std::vector<uint32_t> f(n);
+  std::vector<uint16_t> h(n);
+  CK(cudaMemcpy(f.data(), f32, n * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(h.data(), b16, n * 2, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t x = f[i];
+    const bool nan = (x & 0x7fffffffu) > 0x7f800000u;
+    const uint16_t want = nan ? static_cast<uint16_t>((x >> 16) | 0x40u)
+                              : static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    if (nan ? (h[i] & 0x7fffu) <= 0x7f80u : h[i] != want) return false;
+  }
+  return true;
 }
 
 template <class T>
@@ -152,6 +171,19 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
            : nullptr;
   };
   const bool same = first_diff(o2, io2, false) == nullptr;
+  // dB / dC of a varying bf16 B / C written in bf16 by the reduction (what the JAX lowering
+  // asks for): the float32 sums of the first run rounded to nearest even, bit for bit.
+  bool rounded = true;
+  if (std::is_same<T, __nv_bfloat16>::value && (gb || gc)) {
+    jss::SsBackwardIO io4 = io;
+    alloc_grads(io4, dev_zero);
+    if (gb) io4.dB = dev_zero(nb * 2), io4.dB_in_t = true;
+    if (gc) io4.dC = dev_zero(nc * 2), io4.dC_in_t = true;
+    void* bscratch4 = dev_zero(jss::ss_backward_scratch_bytes(p));
+    CK(jss::ss_backward(p, io4, bscratch4, 0));
+    CK(cudaDeviceSynchronize());
+    rounded = (!gb || rounded_bits(io.dB, io4.dB, nb)) && (!gc || rounded_bits(io.dC, io4.dC, nc));
+  }
   // Once more with every scratch and result buffer poisoned (NaN bytes) before the calls:
   // bitwise the first run's results, or something is read before it is written.
   jss::SsForwardOut o3 = o;
@@ -178,13 +210,14 @@ static int run(jss::SsDType t, int64_t batch, int64_t dim, int64_t L, int64_t N,
   const bool guards_ok = guards_intact(jss::ss_plan(p, false), fscratch3) &&
                          guards_intact(jss::ss_plan(p, true), bscratch3);
   const char* pz = first_diff(o3, io3, true);
-  std::printf("%-5s b%ld D%ld L%ld N%ld gb%ld gc%ld dir%d opts%d: %s%s%s%s%s%s\n",
+  std::printf("%-5s b%ld D%ld L%ld N%ld gb%ld gc%ld dir%d opts%d: %s%s%s%s%s%s%s\n",
               t == jss::SsDType::F32 ? "f32" : "bf16", (long)batch, (long)dim, (long)L, (long)N,
               (long)gb, (long)gc, direction, (int)opts, ok ? "ok" : "NON-FINITE",
               same ? "" : " (saved checkpoints: DIFFERENT gradients)",
               pz ? " (poisoned buffers: DIFFERENT " : "", pz ? pz : "", pz ? ")" : "",
-              guards_ok ? "" : " (WRITTEN PAST A SCRATCH REGION)");
-  return ok && same && !pz && guards_ok ? 0 : 1;
+              guards_ok ? "" : " (WRITTEN PAST A SCRATCH REGION)",
+              rounded ? "" : " (dB / dC in bf16: NOT THE ROUNDED float32 SUMS)");
+  return ok && same && !pz && guards_ok && rounded ? 0 : 1;
 }
 
 int main() {
