@@ -528,10 +528,13 @@ int staged_blocks_per_sm() {
   return n;
 }
 
-// Lanes per row and states per lane. N <= 16: 4 lanes of 4 states (fewest instructions per
-// element) unless 8 lanes of 2 fill the GPU's last wave clearly better (e.g. 12288 rows:
-// 384 blocks fill 73% of the 528 slots of 4 blocks/SM, but 97% of the 396 slots of the
-// 8-lane blocks, which fit 3 per SM). More states: as many lanes as N needs.
+// Lanes per row and states per lane. N <= 16: 8 lanes of 2 states unless 4 lanes of 4 fill
+// the GPU's last wave clearly better. 4 lanes issue fewer instructions per element but wait
+// more on shared memory; measured at equal fills (64 x 768 rows: 1536 blocks, 97% on either)
+// 8 lanes were as fast for the forward and 24-34 us faster for the forward that saves the
+// backward's checkpoints (PERFORMANCE_SELECTIVE_SCAN_CUDA 16). Fill, e.g. 12288 rows: 384
+// blocks fill 73% of the 528 slots of 4 blocks/SM (4 lanes), 97% of the 396 slots of the
+// 8-lane blocks, which fit 3 per SM. More states: as many lanes as N needs.
 // `chunks`: the grid's L chunks (blockIdx.y): a.nch, or for phase A of the split the sub-chunks
 // before the last chunk.
 template <class T>
@@ -547,8 +550,8 @@ cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows) * chunks;
   const double f4 = wave_fill(blocks, staged_blocks_per_sm<T, 4, 4>());
   const double f8 = wave_fill(blocks, staged_blocks_per_sm<T, 8, 2>());
-  if (f8 > f4 + 0.05) return launch_staged<T, 8, 2>(a, chunks, stream);
-  return launch_staged<T, 4, 4>(a, chunks, stream);
+  if (f4 > f8 + 0.05) return launch_staged<T, 4, 4>(a, chunks, stream);
+  return launch_staged<T, 8, 2>(a, chunks, stream);
 }
 
 }  // namespace ssk

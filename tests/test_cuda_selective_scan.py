@@ -145,7 +145,8 @@ def test_forward_row_counts(rows):
 # grouped B/C, tails of the 32-step tile, unaligned L (scalar loads) and 16-bit types.
 STAGED_CASES = [  # (batch, dim, L, N, groups, dtype)
     (1, 40, 77, 16, 1, F32),      # P = 8, a partial block, L % 32 != 0, L % 4 != 0
-    (2, 4224, 40, 16, 1, F32),    # 8448 rows: P = 4
+    (2, 4224, 40, 16, 1, F32),    # 8448 rows, 264 blocks: P = 8 (fills 67% of a wave against 50%)
+    (1, 16896, 40, 16, 1, F32),   # 528 blocks: P = 4 (fills 100% against 67%)
     (2, 64, 64, 16, 2, BF16),     # grouped, D / G = 32, aligned bf16 vectors
     (1, 32, 29, 20, 1, F16),      # N = 20: P = 8, NS = 4 with padding states
     (1, 33, 50, 64, 1, F32),      # P = 8, NS = 8
@@ -169,6 +170,22 @@ def test_staged_geometries(case, direction):
     wl = wlast if isinstance(wlast, tuple) else (wlast,)
     for g, w in zip(glast, wl):
         assert rel_err(g, w) < 1e-4
+
+
+@pytest.mark.parametrize("lanes", ["4", "8"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_staged_forced_lanes(lanes, direction, monkeypatch):
+    # JAX_SELSCAN_SS_FWD_LANES (read at every launch) forces either geometry of N <= 16, so
+    # both stay tested whichever the fill rule picks: the forward (bf16) and the gradients
+    # (float32; their checkpoints come from the forward) against the float64 reference.
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_LANES", lanes)
+    rng = rng_for("lanes", lanes, direction)
+    x = make_inputs(rng, 2, 64, 77, 16, dtype=BF16)
+    kw = dict(delta_softplus=True, return_last_state=True, direction=direction)
+    got = jax.jit(lambda x: selective_scan(**x, **kw))(x)[0]
+    assert rel_err(got, ref_np(x, **kw)[0]) < FWD_TOL[BF16]
+    x = make_inputs(rng, 1, 40, 77, 16)
+    check_grads_against_ref(x, dict(delta_softplus=True, direction=direction), rng, GRAD_TOL[F32])
 
 
 @pytest.mark.parametrize("kernel", ["rows", "staged"])

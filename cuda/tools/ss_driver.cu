@@ -257,6 +257,14 @@ int main() {
   bad += run<__nv_bfloat16>(jss::SsDType::BF16, 1, 32, 333, 16, 1, 1, 0, true);
   unsetenv("JAX_SELSCAN_SS_BWD_CHUNKS");
   unsetenv("JAX_SELSCAN_SS_FWD_CHUNKS");
+  // Both N <= 16 lane geometries of the staged forward whichever the fill rule picks for
+  // these small grids (8 lanes here by default), every direction, with and without a split.
+  setenv("JAX_SELSCAN_SS_FWD_LANES", "4", 1);
+  for (int dir = 0; dir < 3; ++dir) bad += run<__nv_bfloat16>(jss::SsDType::BF16, 2, 32, 40, 16, 2, 0, dir, true);
+  setenv("JAX_SELSCAN_SS_FWD_CHUNKS", "3", 1);
+  bad += run<float>(jss::SsDType::F32, 2, 64, 300, 16, 1, 2, 2, true);
+  unsetenv("JAX_SELSCAN_SS_FWD_CHUNKS");
+  unsetenv("JAX_SELSCAN_SS_FWD_LANES");
   std::printf(bad ? "FAILED\n" : "all ok\n");
   return bad ? 1 : 0;
 }
