@@ -3,7 +3,8 @@ against the float64 loops.
 
 The tests need 4 devices. XLA makes them only if --xla_force_host_platform_device_count is set
 before JAX starts, so when this process has fewer, one test reruns this file in a subprocess
-with the flag (and its failures are that test's).
+with the flag (and its failures are that test's). JAX_SELSCAN_SHARDED_PLATFORM=gpu runs the
+same tests on 4 GPUs instead (scripts/gpu_check.sh, stage sharded_gpu, on a 4-GPU machine).
 """
 import contextlib
 import os
@@ -27,11 +28,23 @@ from test_linear_scan import DTYPES, assert_close, np_linear_scan, random_inputs
 import test_selective_scan as tss
 
 NDEV = 4
-HAVE = len(jax.devices("cpu")) >= NDEV
-needs_devices = pytest.mark.skipif(not HAVE, reason="needs 4 CPU devices: run by test_suite_with_4_cpu_devices")
+PLATFORM = os.environ.get("JAX_SELSCAN_SHARDED_PLATFORM", "cpu")
 
 
-@pytest.mark.skipif(HAVE, reason="this process has 4 CPU devices: the tests below run here")
+def devices():
+    """The first NDEV devices of PLATFORM (fewer, or none, where it has fewer)."""
+    try:
+        return jax.devices(PLATFORM)[:NDEV]
+    except RuntimeError:  # no such platform in this process
+        return []
+
+
+HAVE = len(devices()) >= NDEV
+needs_devices = pytest.mark.skipif(not HAVE, reason=f"needs 4 {PLATFORM} devices (CPU: run by "
+                                   "test_suite_with_4_cpu_devices)")
+
+
+@pytest.mark.skipif(HAVE or PLATFORM != "cpu", reason="this process has the 4 devices: the tests below run here")
 def test_suite_with_4_cpu_devices():
     flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={NDEV}"
     env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
@@ -45,11 +58,11 @@ def test_suite_with_4_cpu_devices():
 
 
 def seq_mesh():
-    return Mesh(np.array(jax.devices("cpu")[:NDEV]), ("seq",))
+    return Mesh(np.array(devices()), ("seq",))
 
 
 def grid_mesh():
-    return Mesh(np.array(jax.devices("cpu")[:NDEV]).reshape(2, 2), ("data", "seq"))
+    return Mesh(np.array(devices()).reshape(2, 2), ("data", "seq"))
 
 
 # (shape, axis, spec, mesh): rows (the scanned axis last), strided (channels after it), the
@@ -140,9 +153,9 @@ def test_only_the_chunk_totals_cross_devices():
     f = jax.jit(lambda a, b: sharded_linear_scan(a, b, mesh=seq_mesh(), spec=P(None, "seq"), axis=1))
     text = f.lower(a, a).compile().as_text()
     assert "jax_selscan_linear_scan" in text
-    gathers = re.findall(r"= (\w+\[[\d,]*\])[^\n]*? all-gather\(", text)
-    assert gathers, "no all-gather in the compiled module"
-    for g in gathers:
+    found = gathers(text)
+    assert found, "no all-gather in the compiled module"
+    for g in found:
         dims = [int(x) for x in re.findall(r"\d+", g.split("[")[1])]
         assert int(np.prod(dims)) <= NDEV * 8, f"an all-gather of {g}: more than the chunk totals"
 
@@ -198,7 +211,9 @@ def rule_off(prim):
 
 
 def gathers(compiled_text):
-    return re.findall(r"= (\w+\[[\d,]*\])[^\n]*? all-gather\(", compiled_text)
+    """The result shapes of the compiled module's all-gathers (on GPUs XLA makes them
+    asynchronous: the `all-gather-done` of each pair carries the gathered shape)."""
+    return re.findall(r"= (\w+\[[\d,]*\])[^\n]*? all-gather(?:-done)?\(", compiled_text)
 
 
 @needs_devices
@@ -319,7 +334,7 @@ def test_jit_selective_scan_keeps_batch_and_channels_sharded(b_kind):
     # channel block (its gradient summed over them), time-invariant B by channel
     rng = tss.rng_for("jit channel split", b_kind)
     x = tss.make_inputs(rng, batch=4, dim=8, dstate=3, length=16, groups=2, b_kind=b_kind, dtype=np.float32)
-    mesh = Mesh(np.array(jax.devices("cpu")[:NDEV]).reshape(2, 2), ("data", "chan"))
+    mesh = Mesh(np.array(devices()).reshape(2, 2), ("data", "chan"))
     spec = {"A": P("chan"), "D": P("chan"), "delta_bias": P("chan"), "C": P("data"),
             "B": {"grouped": P("data", "chan"), "variable": P("data"), "invariant": P("chan")}[b_kind]}
     xs = {k: jax.device_put(v, NamedSharding(mesh, spec.get(k, P("data", "chan")))) for k, v in x.items()}
