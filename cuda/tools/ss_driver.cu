@@ -84,10 +84,11 @@ static bool rounded_bits(const void* f32, const void* b16, size_t n) {
   CK(cudaMemcpy(h.data(), b16, n * 2, cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < n; ++i) {
     const uint32_t x = f[i];
-    const bool nan = (x & 0x7fffffffu) > 0x7f800000u;
-    const uint16_t want = nan ? static_cast<uint16_t>((x >> 16) | 0x40u)
-                              : static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-    if (nan ? (h[i] & 0x7fffu) <= 0x7f80u : h[i] != want) return false;
+    if ((x & 0x7fffffffu) > 0x7f800000u) {  // NaN: any bf16 NaN
+      if ((h[i] & 0x7fffu) <= 0x7f80u) return false;
+    } else if (h[i] != static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)) {
+      return false;
+    }
   }
   return true;
 }
