@@ -39,11 +39,12 @@ def studies():
     plans_bwd = [("default", {})] + [(f"bwd n{n}", {KNOBS[2]: n}) for n in ("1", "2", "3", "4", "6")]
     # phase A's sub-chunks per chunk (PERFORMANCE_SELECTIVE_SCAN_CUDA 15)
     sub_fwd = [("default", {})] + [(f"sub{m}", {KNOBS[3]: m}) for m in ("1", "2", "4", "6")]
-    sub_bwd = [("default", {})] + [(f"bwd sub{m}", {KNOBS[4]: m}) for m in ("1", "3", "4")]
+    sub_bwd = [("default", {})] + [(f"bwd sub{m}", {KNOBS[4]: m}) for m in ("1", "2", "3", "4")]
     # the lanes of every forward walk, the checkpointing one of a forward + backward included
     lanes = [("default", {})] + [(f"P{p}", {KNOBS[1]: p}) for p in ("2", "4", "8")]
     return {"plans": (FEW_ROWS, plans_fwd, plans_bwd, [(8, 1536, 2048, 16), (1, 5120, 16384, 16)]),
             "sub": (FEW_ROWS, sub_fwd, sub_bwd, []),
+            "bwdsub": (FEW_ROWS, [("default", {})], sub_bwd, []),
             "lanes": ([(64, 768, 512, 16), (8, 1536, 2048, 16)], lanes, lanes, [])}
 
 
@@ -132,7 +133,8 @@ def main():
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--budget-ms", type=float, default=60.0, help="time per timed batch of calls")
     ap.add_argument("--study", default="plans", choices=sorted(studies()),
-                    help="plans: chunks and lanes at few rows, bidirectional; sub: phase A's sub-chunks; "
+                    help="plans: chunks and lanes at few rows, bidirectional; sub: phase A's sub-chunks (bwdsub: "
+                         "the backward's only); "
                          "lanes: the forward's lanes with and without the backward")
     opt = ap.parse_args()
     os.makedirs(opt.out, exist_ok=True)

@@ -61,21 +61,24 @@ void bwd_grid(const SsProblem& p, int sms, bool staged, int rows_per_block, int6
 // before the last (forward) or after the first (backward), which fills few of the GPU's slots
 // when there are few rows (e.g. 160 row blocks x 2 chunks on 528 slots: 61%); walking each
 // such chunk as m sub-chunks gives m times the blocks of 1/m the length, and the carries fold
-// m times as many aggregates. The smallest m <= 8 whose last wave is >= 80% busy, else the
-// busiest; `env` (JAX_SELSCAN_SS_FWD_SUB / _BWD_SUB, measurements) forces it.
+// m times as many aggregates. Of m = 1..8, the one whose last wave is busiest (the smallest
+// on ties), among those whose sub-chunks keep >= kMinSubTiles tiles: shorter blocks lost more
+// to their pipeline's fill and drain than the fill gained (measured on the H200,
+// PERFORMANCE_SELECTIVE_SCAN_CUDA 15.1, 16.4). `env` (JAX_SELSCAN_SS_FWD_SUB / _BWD_SUB,
+// measurements) forces it.
+constexpr int64_t kMinSubTiles = 24;
 int64_t phase_a_sub(const char* env, int64_t blocks, int64_t chunks_a, int64_t slots, int64_t tiles_per_chunk) {
   int64_t m = 0;
   if (const char* e = std::getenv(env)) m = std::atoll(e);
   if (m < 1) {
     double best = -1.0;
-    for (int64_t k = 1; k <= 8; ++k) {
+    for (int64_t k = 1; k <= 8 && (k == 1 || tiles_per_chunk / k >= kMinSubTiles); ++k) {
       const double w = static_cast<double>(blocks * chunks_a * k) / static_cast<double>(slots);
       const double fill = w / std::ceil(w);
       if (fill > best + 1e-9) {
         best = fill;
         m = k;
       }
-      if (fill >= 0.8) break;
     }
   }
   return std::max<int64_t>(1, std::min(m, tiles_per_chunk));

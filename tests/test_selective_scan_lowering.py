@@ -132,6 +132,29 @@ def test_geometry_hook():
     assert _cuda.selective_scan_geometry(128, 1 << 20) == (4, 32)
 
 
+def _plan_gpu_is_an_h200_or_none():
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    return not gpus or getattr(gpus[0], "core_count", None) == 132
+
+
+@pytest.mark.skipif(not _plan_gpu_is_an_h200_or_none(), reason="the plans below are for 132 SMs")
+@pytest.mark.parametrize("shape, plan", [
+    # (batch, D, L, N): (forward chunks, phase A sub-chunks per chunk, backward chunks, sub-chunks)
+    ((1, 5120, 16384, 16), (3, 3, 4, 4)),   # notes 15.1, 16.4: the measured best sub-chunks
+    ((2, 2560, 8192, 16), (3, 3, 4, 2)),
+    ((1, 1536, 8192, 16), (11, 1, 8, 1)),   # sub-chunks shorter than 24 tiles measured slower
+    ((8, 1536, 2048, 16), (1, 1, 1, 1)),    # enough rows: no split
+    ((64, 768, 512, 16), (1, 1, 1, 1)),
+])
+def test_split_plans_at_the_benchmark_shapes(shape, plan, monkeypatch):
+    # The L split's launch plan (selective_scan_host.cc, ss_plan) on the H200's 132 SMs (also
+    # what is assumed without a GPU), pinned at the shapes whose timings chose its rules.
+    from jax_selscan import _cuda
+    for knob in ("FWD_CHUNKS", "BWD_CHUNKS", "FWD_SUB", "BWD_SUB", "FWD", "BWD"):
+        monkeypatch.delenv(f"JAX_SELSCAN_SS_{knob}", raising=False)
+    assert tuple(_cuda.selective_scan_split_plan(*shape)) == plan
+
+
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 def test_forward_saved_checkpoints_default(direction, monkeypatch):
     # By default a grad traced with the GPU as default backend lowers to the
