@@ -41,7 +41,7 @@ def studies():
     sub_fwd = [("default", {})] + [(f"sub{m}", {KNOBS[3]: m}) for m in ("1", "2", "4", "6")]
     sub_bwd = [("default", {})] + [(f"bwd sub{m}", {KNOBS[4]: m}) for m in ("1", "2", "3", "4")]
     # the lanes of every forward walk, the checkpointing one of a forward + backward included
-    lanes = [("default", {})] + [(f"P{p}", {KNOBS[1]: p}) for p in ("2", "4", "8")]
+    lanes = [("default", {})] + [(f"P{p}", {KNOBS[1]: p}) for p in ("4", "8")]
     return {"plans": (FEW_ROWS, plans_fwd, plans_bwd, [(8, 1536, 2048, 16), (1, 5120, 16384, 16)]),
             "sub": (FEW_ROWS, sub_fwd, sub_bwd, []),
             "bwdsub": (FEW_ROWS, [("default", {})], sub_bwd, []),

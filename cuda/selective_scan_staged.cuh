@@ -544,7 +544,6 @@ cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   if (N > 32) return launch_staged<T, 8, 8>(a, chunks, stream);
   if (N > 16) return launch_staged<T, 8, 4>(a, chunks, stream);
   if (const char* e = std::getenv("JAX_SELSCAN_SS_FWD_LANES")) {  // 4 or 8: force (measurements)
-    if (e[0] == '2') return launch_staged<T, 2, 8>(a, chunks, stream);  // experiment (notes 16.3)
     if (e[0] == '4') return launch_staged<T, 4, 4>(a, chunks, stream);
     if (e[0] == '8') return launch_staged<T, 8, 2>(a, chunks, stream);
   }
