@@ -212,7 +212,7 @@ SPLIT_CASES = [((2, 64, 300, 16), "variable", "variable", F32),    # staged
                ((2, 8, 300, 16), "invariant", "grouped", F32)]     # round 1
 
 
-@pytest.mark.parametrize("chunks, sub", [(2, None), (5, None), (2, "1"), (3, "2")])
+@pytest.mark.parametrize("chunks, sub", [(2, None), (5, None), (2, "1"), (3, "2"), (2, "4")])
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("case", SPLIT_CASES)
 def test_forward_l_split(case, direction, chunks, sub, monkeypatch):

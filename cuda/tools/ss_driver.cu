@@ -256,6 +256,16 @@ int main() {
     bad += run<float>(jss::SsDType::F32, 1, 12, 300, 5, 0, 3, dir, true);
   }
   bad += run<__nv_bfloat16>(jss::SsDType::BF16, 1, 32, 333, 16, 1, 1, 0, true);
+  // ... with phase A on sub-chunks in both (these small grids get none by default)
+  setenv("JAX_SELSCAN_SS_FWD_SUB", "4", 1);  // what the earlier rule gave these grids
+  setenv("JAX_SELSCAN_SS_BWD_SUB", "3", 1);
+  for (int dir = 0; dir < 3; ++dir) {
+    bad += run<float>(jss::SsDType::F32, 2, 64, 300, 16, 1, 2, dir, true);
+    bad += run<float>(jss::SsDType::F32, 1, 12, 300, 5, 0, 3, dir, true);
+  }
+  bad += run<__nv_bfloat16>(jss::SsDType::BF16, 1, 32, 333, 16, 1, 1, 1, true);
+  unsetenv("JAX_SELSCAN_SS_FWD_SUB");
+  unsetenv("JAX_SELSCAN_SS_BWD_SUB");
   unsetenv("JAX_SELSCAN_SS_BWD_CHUNKS");
   unsetenv("JAX_SELSCAN_SS_FWD_CHUNKS");
   // Both N <= 16 lane geometries of the staged forward whichever the fill rule picks for
