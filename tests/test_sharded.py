@@ -44,7 +44,7 @@ needs_devices = pytest.mark.skipif(not HAVE, reason=f"needs 4 {PLATFORM} devices
                                    "test_suite_with_4_cpu_devices)")
 
 
-@pytest.mark.skipif(HAVE or PLATFORM != "cpu", reason="this process has the 4 devices: the tests below run here")
+@pytest.mark.skipif(HAVE or PLATFORM != "cpu", reason="the tests below run in this process")
 def test_suite_with_4_cpu_devices():
     flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={NDEV}"
     env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
