@@ -31,9 +31,9 @@ KNOBS = ("JAX_SELSCAN_SS_FWD_CHUNKS", "JAX_SELSCAN_SS_FWD_LANES", "JAX_SELSCAN_S
 FEW_ROWS = [(1, 5120, 16384, 16), (1, 1536, 8192, 16), (2, 2560, 8192, 16)]
 
 
-def studies():
+def studies(lanes_p=("4", "8")):
     """{name: (shapes, forward settings, forward + backward settings, bidirectional shapes)};
-    a setting is (label, knobs)."""
+    a setting is (label, knobs). `lanes_p`: the lanes study's forced lanes per row."""
     plans_fwd = [("default", {})] + [(f"P{p} n{n}", {KNOBS[0]: n, KNOBS[1]: p})
                                      for p in ("4", "8") for n in ("1", "2", "3", "4", "6", "8")]
     plans_bwd = [("default", {})] + [(f"bwd n{n}", {KNOBS[2]: n}) for n in ("1", "2", "3", "4", "6")]
@@ -41,7 +41,7 @@ def studies():
     sub_fwd = [("default", {})] + [(f"sub{m}", {KNOBS[3]: m}) for m in ("1", "2", "4", "6")]
     sub_bwd = [("default", {})] + [(f"bwd sub{m}", {KNOBS[4]: m}) for m in ("1", "2", "3", "4")]
     # the lanes of every forward walk, the checkpointing one of a forward + backward included
-    lanes = [("default", {})] + [(f"P{p}", {KNOBS[1]: p}) for p in ("4", "8")]
+    lanes = [("default", {})] + [(f"P{p}", {KNOBS[1]: p}) for p in lanes_p]
     return {"plans": (FEW_ROWS, plans_fwd, plans_bwd, [(8, 1536, 2048, 16), (1, 5120, 16384, 16)]),
             "sub": (FEW_ROWS, sub_fwd, sub_bwd, []),
             "bwdsub": (FEW_ROWS, [("default", {})], sub_bwd, []),
@@ -136,9 +136,12 @@ def main():
                     help="plans: chunks and lanes at few rows, bidirectional; sub: phase A's sub-chunks (bwdsub: "
                          "the backward's only); "
                          "lanes: the forward's lanes with and without the backward")
+    ap.add_argument("--lanes", default="4,8",
+                    help="lanes study: the lanes per row to force, comma-separated (an experimental "
+                         "build may take others)")
     opt = ap.parse_args()
     os.makedirs(opt.out, exist_ok=True)
-    shapes, fwd_settings, bwd_settings, bidir_shapes = studies()[opt.study]
+    shapes, fwd_settings, bwd_settings, bidir_shapes = studies(tuple(opt.lanes.split(",")))[opt.study]
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("JAX_SELSCAN_COMMIT", ""), "jax": jax.__version__,
            "device": str(jax.devices()[0].device_kind), "passes": opt.passes, "study": opt.study, "fwd": [], "fwd_bwd": [], "bidir": []}
@@ -165,7 +168,7 @@ def main():
         json.dump(res, f, indent=1)
     lines = [f"# selective_scan launch plans on {res.get('gpu', res['device'])}", "",
              f"date {res['date']}, commit {res['commit']}, jax {res['jax']}, command "
-             f"`python3 -P benchmarks/gpu_selective_scan_split.py --study {opt.study} --passes {opt.passes} --budget-ms {opt.budget_ms:g}`", "",
+             f"`python3 -P benchmarks/gpu_selective_scan_split.py --study {opt.study}{' --lanes ' + opt.lanes if opt.study == 'lanes' else ''} --passes {opt.passes} --budget-ms {opt.budget_ms:g}`", "",
              "Pipelined per-call µs, medians over passes that alternate the settings; (8, 1536, 2048)-style "
              "shapes are (batch, D, L, N), z, delta_bias and softplus on. `Pp nk`: P lanes per row, k L chunks "
              "(the forward's knobs); `bwd nk`: the backward's chunks with the default forward; `subm` / `bwd subm`: "
