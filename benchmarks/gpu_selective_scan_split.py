@@ -45,9 +45,9 @@ def studies(lanes_p=("4", "8")):
     # wave balance: 4224 rows make 132 row blocks, whose grids fill whole waves (forward: 4 chunks
     # on 528 slots; backward: 3 or 6 chunks on 396), against 5120 rows' 160 (PERFORMANCE_SELECTIVE_SCAN_CUDA 17)
     bal_fwd = [("default", {})] + [(f"P4 n{n}", {KNOBS[0]: n, KNOBS[1]: "4"}) for n in ("3", "4")]
-    bal_bwd = [("default", {})] + [(f"bwd n{n}", {KNOBS[2]: n}) for n in ("3", "4", "6")]
+    bal_bwd = [("default", {})] + [(f"bwd n{n}", {KNOBS[2]: n}) for n in ("3", "4", "5", "6", "7", "8")]
     return {"plans": (FEW_ROWS, plans_fwd, plans_bwd, [(8, 1536, 2048, 16), (1, 5120, 16384, 16)]),
-            "balance": ([(1, 4224, 16384, 16), (1, 5120, 16384, 16)], bal_fwd, bal_bwd, []),
+            "balance": ([(1, 4224, 16384, 16), (1, 5120, 16384, 16), (2, 2560, 8192, 16)], bal_fwd, bal_bwd, []),
             "sub": (FEW_ROWS, sub_fwd, sub_bwd, []),
             "bwdsub": (FEW_ROWS, [("default", {})], sub_bwd, []),
             "lanes": ([(64, 768, 512, 16), (8, 1536, 2048, 16)], lanes, lanes, [])}
