@@ -134,11 +134,21 @@ int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_blo
   int64_t blocks, slots;
   bwd_grid(p, sms, staged, rows_per_block, &blocks, &slots);
   if (blocks < 1 || (staged ? 2 : 1) * blocks > slots) return 1;
-  int64_t n = slots / blocks;
-  // Staged: where that gives 2 or 3 chunks, twice as many (about 1.6 waves of shorter chunks)
-  // measured faster on the H200 (PERFORMANCE_SELECTIVE_SCAN_CUDA 14.1, 14.4), e.g. 160 row
-  // blocks, fwd+bwd of (1, 5120, 16384): 2 chunks 6.68 ms, 3 chunks 7.21, 4 chunks 6.32.
-  if (staged && n <= 3) n *= 2;
+  const int64_t base = slots / blocks;
+  int64_t n = base;
+  if (staged) {
+    // The smallest n from slots / blocks up to twice that + 3 whose grid fills its last wave
+    // to >= 90%; else, where slots / blocks is 2 or 3, twice as many. Measured on the H200
+    // (PERFORMANCE_SELECTIVE_SCAN_CUDA 14.1, 17.3), fwd+bwd of (1, 5120, 16384), 160 row blocks:
+    // 2 chunks (81%) 6.68 ms, 3 (61%) 7.21, 4 (1.62 waves) 6.32 in one run; 4 chunks 6.16,
+    // 7 (2.83 waves, 94%) 5.91 in another; at 132 row blocks 3 chunks (one full wave) beat 6.
+    int64_t pick = 0;
+    for (int64_t k = base; k <= 2 * base + 3 && !pick; ++k) {
+      const double w = static_cast<double>(blocks * k) / static_cast<double>(slots);
+      if (w / std::ceil(w) >= 0.9) pick = k;
+    }
+    n = pick ? pick : (base <= 3 ? 2 * base : base);
+  }
   n = std::min(n, p.L / 256);
   return n > 1 ? n : 1;
 }

@@ -140,8 +140,9 @@ def _plan_gpu_is_an_h200_or_none():
 @pytest.mark.skipif(not _plan_gpu_is_an_h200_or_none(), reason="the plans below are for 132 SMs")
 @pytest.mark.parametrize("shape, plan", [
     # (batch, D, L, N): (forward chunks, phase A sub-chunks per chunk, backward chunks, sub-chunks)
-    ((1, 5120, 16384, 16), (3, 3, 4, 4)),   # notes 15.1, 16.4: the measured best sub-chunks
-    ((2, 2560, 8192, 16), (3, 3, 4, 2)),
+    ((1, 5120, 16384, 16), (3, 3, 7, 2)),   # notes 15.1, 16.4, 17.3: the measured best
+    ((2, 2560, 8192, 16), (3, 3, 7, 1)),
+    ((1, 4224, 16384, 16), (4, 4, 3, 3)),   # 132 row blocks: whole waves
     ((1, 1536, 8192, 16), (11, 1, 8, 1)),   # sub-chunks shorter than 24 tiles measured slower
     ((8, 1536, 2048, 16), (1, 1, 1, 1)),    # enough rows: no split
     ((64, 768, 512, 16), (1, 1, 1, 1)),
