@@ -426,7 +426,8 @@ def test_gradients_staged_bwd_shapes(case, direction):
 # multiply the terms.
 @pytest.mark.parametrize("dim, b_kind, direction, chunks", [
     (64, "variable", "forward", None), (64, "variable", "bidirectional", None),
-    (40, "invariant", "reverse", None), (64, "variable", "forward", "3")])
+    (40, "invariant", "reverse", None), (64, "variable", "forward", "3"),
+    (64, "variable", "reverse", "7")])  # 7 chunks: what 160 row blocks get on the H200
 def test_gradients_long_partial_sums(dim, b_kind, direction, chunks, monkeypatch):
     if chunks:
         monkeypatch.setenv("JAX_SELSCAN_SS_BWD_CHUNKS", chunks)
