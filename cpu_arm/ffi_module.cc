@@ -8,18 +8,17 @@
 // Work runs on XLA's intra-op thread pool (ffi::ThreadPool): the calling
 // thread plus at most num_threads - 1 pool tasks, so a call never uses more
 // threads than the pool has.
-#include <atomic>
 #if defined(__linux__)
 #include <sys/mman.h>  // madvise
 #endif
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <new>
 #include <string>
 #include <utility>
 
 #include "linear_scan_cpu.h"
+#include "pool_executor.h"
 #include "selective_scan_cpu.h"  // select_ss_table (ss_lanes)
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/string.h"
@@ -45,54 +44,6 @@ void advise_huge_pages(void* data, size_t bytes) {
   (void)data; (void)bytes;
 #endif
 }
-
-// parallel_for on the XLA pool. Items are claimed from a shared counter by the
-// caller and by up to num_threads - 1 helper tasks; the caller then waits only
-// for items already claimed, so it never waits on a task the pool has not
-// started (no deadlock when the caller is itself a pool thread). The shared
-// state is reference-counted because a helper may start after the call has
-// returned; such a helper finds no items left and never touches `fn`.
-class PoolExecutor final : public Executor {
- public:
-  explicit PoolExecutor(ffi::ThreadPool& pool) : pool_(pool), threads_(pool.num_threads()) {}
-
-  int64_t num_threads() const override { return threads_ > 0 ? threads_ : 1; }
-
-  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) override {
-    if (n <= 1 || threads_ <= 1) {
-      for (int64_t i = 0; i < n; ++i) fn(i);
-      return;
-    }
-    struct State {
-      const std::function<void(int64_t)>* fn;
-      int64_t n;
-      std::atomic<int64_t> next{0}, done{0};
-      std::mutex mu;
-      std::condition_variable cv;
-    };
-    auto st = std::make_shared<State>();
-    st->fn = &fn;
-    st->n = n;
-    auto work = [](State& s) {
-      for (int64_t i; (i = s.next.fetch_add(1, std::memory_order_relaxed)) < s.n;) {
-        (*s.fn)(i);
-        if (s.done.fetch_add(1, std::memory_order_acq_rel) + 1 == s.n) {
-          std::lock_guard<std::mutex> lock(s.mu);
-          s.cv.notify_all();
-        }
-      }
-    };
-    const int64_t helpers = std::min<int64_t>(threads_, n) - 1;
-    for (int64_t k = 0; k < helpers; ++k) pool_.Schedule([st, work] { work(*st); });
-    work(*st);
-    std::unique_lock<std::mutex> lock(st->mu);
-    st->cv.wait(lock, [&] { return st->done.load(std::memory_order_acquire) == n; });
-  }
-
- private:
-  ffi::ThreadPool& pool_;
-  int64_t threads_;
-};
 
 ffi::Error to_dtype(ffi::DataType t, DType* out) {
   switch (t) {
@@ -162,7 +113,11 @@ ffi::Error run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a, const ffi::AnyBuf
   const KernelTable* kernels = select_kernel_table(&error);
   if (kernels == nullptr) return ffi::Error::InvalidArgument(where + error);
   PoolExecutor executor(pool);
-  linear_scan_cpu(args, *kernels, executor);
+  try {
+    linear_scan_cpu(args, *kernels, executor);
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, where + "could not allocate the kernel's scratch memory");
+  }
   return ffi::Error::Success();
 }
 

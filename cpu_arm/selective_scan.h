@@ -824,12 +824,12 @@ inline void seg_setup(Seg& g, const SsParams& p, const SsTask& t, int64_t d, flo
   g.y = take(g.CH); g.Q = take(g.N * g.CH);
   g.dlT = take(W * W); g.duT = take(W * W); g.dun = take(W * W); g.yt = take(W * W);
   g.bT = take(W * W); g.cT = take(W * W);
-  g.yr = t.split ? t.yr : take(g.L);
+  const bool bidi = p.direction == SsDirection::kBidirectional;
+  g.yr = t.split ? t.yr : bidi ? take(g.L) : nullptr;  // (ss_work_floats' `yr`)
   g.row = (t.b * p.dim + d) * p.length;
   g.bb = (t.b * p.b_groups + d / (p.dim / p.b_groups)) * p.dstate * p.length;
   g.cb = (t.b * p.c_groups + d / (p.dim / p.c_groups)) * p.dstate * p.length;
   g.bias = p.delta_bias != nullptr ? ld1(p.delta_bias, p.delta_bias_t, d) : 0.0f;
-  const bool bidi = p.direction == SsDirection::kBidirectional;
   g.dk = p.D != nullptr ? (bidi ? 2.0f : 1.0f) * ld1(p.D, p.D_t, d) : 0.0f;
   float a_min = 0.0f, a_max = -1.0f;
   for (int64_t n = 0; n < g.N; ++n) {

@@ -118,10 +118,13 @@ struct SsTable {
 };
 
 // Floats of scratch one task needs besides dA (a multiple of 16).
-inline int64_t ss_work_floats(int64_t lanes, int64_t dstate, int64_t length) {
+// `yr`: room for the reverse half's y of an unsplit bidirectional task ([length][lanes] on the
+// channel path, [length] on the along-L path); directional calls and L-split pieces (whose yr is
+// the caller's) need none, so their scratch does not grow with L.
+inline int64_t ss_work_floats(int64_t lanes, int64_t dstate, int64_t length, bool yr) {
   const int64_t chunk = ss_seg_len(lanes, dstate) * lanes;
-  return (10 * dstate * lanes + 12 * lanes * lanes + 2 * dstate * lanes * lanes + 2 * length * lanes +
-          (dstate + 2) * chunk + 2 * length + 8 * dstate + 1024 + 15) / 16 * 16;
+  return (10 * dstate * lanes + 12 * lanes * lanes + 2 * dstate * lanes * lanes + (yr ? length * lanes + 16 : 0) +
+          (dstate + 2) * chunk + 8 * dstate + 1024 + 15) / 16 * 16;
 }
 
 const SsTable* ss_table_generic();

@@ -69,7 +69,6 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
     t.nch = std::min<int64_t>(tile, per_group - k * tile);
   };
   const bool bidi = p.direction == SsDirection::kBidirectional;
-  const int64_t work_floats = ss_work_floats(lanes, p.dstate, p.length);
   // Small calls stay on the calling thread.
   const int64_t cost = p.batch * p.dim * p.length * std::max<int64_t>(p.dstate, 1);
   const int64_t threads = cost < (int64_t(1) << 16) ? 1 : executor.num_threads();
@@ -85,6 +84,7 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
     pieces = std::min({(threads + tasks - 1) / tasks, std::max<int64_t>(1, p.length / min_piece), units});
   }
   if (pieces > 1) p.ckpt = nullptr;
+  const int64_t work_floats = ss_work_floats(lanes, p.dstate, p.length, bidi && pieces <= 1);
   if (pieces <= 1) {
     const int64_t da_floats = p.length * p.dstate * lanes;
     int64_t max_da = kSsMaxDABytes;

@@ -28,11 +28,9 @@
 // Threads: XLA's intra-op pool (the calling thread plus at most
 // num_threads - 1 pool tasks); JAX_SELSCAN_CPU_THREADS=k (read on every call)
 // caps that at k (for scaling measurements; 0 or unset: no cap).
-#include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -42,6 +40,7 @@
 
 #include "selective_scan_bwd_cpu.h"
 #include "selective_scan_cpu.h"
+#include "pool_executor.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -49,54 +48,11 @@ namespace ffi = xla::ffi;
 namespace jax_selscan {
 namespace {
 
-// parallel_for on the XLA pool: helpers and the caller claim items from a
-// shared counter; the caller waits only for claimed items (never for a pool
-// task that has not started). Shared state is reference-counted so a helper
-// that starts late finds nothing to do and touches nothing else.
-class SsPoolExecutor final : public Executor {
- public:
-  explicit SsPoolExecutor(ffi::ThreadPool& pool) : pool_(pool), threads_(pool.num_threads()) {
-    if (const char* env = std::getenv("JAX_SELSCAN_CPU_THREADS"); env != nullptr && env[0] != '\0') {
-      const int64_t cap = std::strtoll(env, nullptr, 10);
-      if (cap > 0 && cap < threads_) threads_ = cap;
-    }
-  }
-  int64_t num_threads() const override { return threads_ > 0 ? threads_ : 1; }
-  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) override {
-    if (n <= 1 || threads_ <= 1) {
-      for (int64_t i = 0; i < n; ++i) fn(i);
-      return;
-    }
-    struct Shared {
-      const std::function<void(int64_t)>* fn;
-      int64_t n;
-      std::atomic<int64_t> next{0}, left;
-      std::mutex mu;
-      std::condition_variable cv;
-    };
-    auto s = std::make_shared<Shared>();
-    s->fn = &fn;
-    s->n = n;
-    s->left.store(n);
-    auto drain = [](Shared& sh) {
-      for (int64_t i; (i = sh.next.fetch_add(1)) < sh.n;) {
-        (*sh.fn)(i);
-        if (sh.left.fetch_sub(1) == 1) {
-          std::lock_guard<std::mutex> lock(sh.mu);
-          sh.cv.notify_all();
-        }
-      }
-    };
-    for (int64_t k = 1; k < std::min<int64_t>(threads_, n); ++k) pool_.Schedule([s, drain] { drain(*s); });
-    drain(*s);
-    std::unique_lock<std::mutex> lock(s->mu);
-    s->cv.wait(lock, [&] { return s->left.load() == 0; });
-  }
-
- private:
-  ffi::ThreadPool& pool_;
-  int64_t threads_;
-};
+// A scratch buffer (per-thread work, L-split carries) that could not be allocated: the
+// call fails with this error instead of touching a null buffer.
+ffi::Error out_of_memory(const std::string& where) {
+  return ffi::Error(ffi::ErrorCode::kResourceExhausted, where + "could not allocate the kernel's scratch memory");
+}
 
 // The output is a fresh XLA buffer on most calls: first-touch page faults cost a
 // large part of a memory-bound call on a VM (see the linear scan's round 5 in
@@ -243,8 +199,12 @@ ffi::Error SelectiveScanCommon(ffi::ThreadPool& pool, ffi::AnyBuffer u, ffi::Any
   if (table == nullptr) return bad(error);
   advise_huge_pages_out(p.out, out->size_bytes());
   if (p.ckpt != nullptr) advise_huge_pages_out(p.ckpt, ckpt->size_bytes());
-  SsPoolExecutor executor(pool);
-  selective_scan_cpu(p, *table, executor);
+  PoolExecutor executor(pool, "JAX_SELSCAN_CPU_THREADS");
+  try {
+    selective_scan_cpu(p, *table, executor);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(where);
+  }
   return ffi::Error::Success();
 }
 
@@ -332,8 +292,12 @@ ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::Any
   std::string error;
   const SsBwdTable* table = select_ss_bwd_table(&error);
   if (table == nullptr) return bad(error);
-  SsPoolExecutor executor(pool);
-  selective_scan_bwd_cpu(q, *table, executor);
+  PoolExecutor executor(pool, "JAX_SELSCAN_CPU_THREADS");
+  try {
+    selective_scan_bwd_cpu(q, *table, executor);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(where);
+  }
   return ffi::Error::Success();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <memory>
+#include <new>
 #include <string>
 
 #include "linear_scan_cpu.h"  // kernel_table_named, select_kernel_table
@@ -44,14 +45,18 @@ const Table* select_isa_table(const Table* (*named)(const std::string&), const c
   return t;
 }
 
-// Scratch floats, 64-byte aligned, size rounded up to whole cache lines.
+// Scratch floats, 64-byte aligned, size rounded up to whole cache lines. Throws
+// std::bad_alloc when the memory is not there (the FFI handlers turn that into an error),
+// so no kernel ever runs on a null buffer.
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }
 };
 using FloatBuffer = std::unique_ptr<float, FreeDeleter>;
 inline FloatBuffer alloc_floats(int64_t n) {
   const size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
-  return FloatBuffer(static_cast<float*>(std::aligned_alloc(64, bytes > 0 ? bytes : 64)));
+  float* p = static_cast<float*>(std::aligned_alloc(64, bytes > 0 ? bytes : 64));
+  if (p == nullptr) throw std::bad_alloc();
+  return FloatBuffer(p);
 }
 
 // The fields every L-split piece sets, forward (SsTask) and backward (SsBwdTask) alike.

@@ -185,3 +185,42 @@ def test_gradients_through_kernel_path_match_reference():
                              argnums=tuple(range(len(names)))))(*x.values())
     for name, a, b in zip(names, g, g_ref):
         assert rel_err(a, b) < 1e-4, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dim, direction", [(2, "forward"), (2, "reverse"), (16, "forward")])
+def test_more_than_2_31_elements(dim, direction):
+    """u, delta and the output hold dim * L > 2^31 bfloat16 elements (dim 2: the along-L path
+    of narrow tasks, split over the threads; dim 16: a channel tile). With dt * A ~ -12 per step
+    the state forgets within a few steps, so windows checked against a float64 reference over
+    the window alone test the kernel where element offsets pass 2^31: every row's far end, and
+    the last row across offset 2^31 itself (8 steps at the window's entering side left out)."""
+    if not _ffi.HAS_CPU:
+        pytest.skip("the CPU extension is not built (the fallback would materialise 2^31 x N)")
+    L = (1 << 31) // dim + 37
+    rng = np.random.default_rng(11)
+    A = jnp.asarray(-4.0 - rng.uniform(0, 1, (dim, 4)), F32)
+    B = jnp.asarray(rng.standard_normal((dim, 4)), F32)
+    C = jnp.asarray(rng.standard_normal((dim, 4)), F32)
+    # u: a pattern of period 251 (a shifted or wrapped index shows), made on the device
+    pattern = lambda i: (((i % 251) % 17) - 8).astype(jnp.float32) / 8
+    make_u = jax.jit(lambda: pattern(jax.lax.broadcasted_iota(jnp.int64, (1, dim, L), 1) * L
+                                     + jax.lax.broadcasted_iota(jnp.int64, (1, dim, L), 2)).astype(jnp.bfloat16))
+    t_cross = (1 << 31) - (dim - 1) * L  # step of the last row at element offset 2^31
+    windows = [(r, L - 64) for r in range(dim)] + [(dim - 1, t_cross - 32)]
+    try:
+        u = make_u()
+        delta = jnp.full((1, dim, L), 3.0, jnp.bfloat16)
+        out = jax.jit(lambda u, d: selective_scan(u, d, A, B, C, direction=direction))(u, delta)
+        got = [np.asarray(out[0, r, t:t + 64], np.float64) for r, t in windows]
+        del u, delta, out
+    except (MemoryError, RuntimeError) as e:  # XlaRuntimeError derives from RuntimeError
+        pytest.skip(f"not enough memory: {e}")
+    keep = slice(8, None) if direction == "forward" else slice(None, -8)
+    for (r, t), g in zip(windows, got):
+        i = r * L + np.arange(t, t + 64)
+        uw = np.asarray(pattern(jnp.asarray(i)), np.float64).astype(jnp.bfloat16).astype(np.float64)
+        want = selective_scan_ref(jnp.asarray(uw)[None, None], jnp.full((1, 1, 64), 3.0, jnp.float64),
+                                  A[r:r + 1].astype(jnp.float64), B[r:r + 1].astype(jnp.float64),
+                                  C[r:r + 1].astype(jnp.float64), direction=direction)
+        assert rel_err(g[keep], np.asarray(want)[0, 0][keep]) < 1e-2, f"row {r}, steps {t}.."

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "test_util.h"
 #include "../selective_scan_cpu.h"
 #include "../selective_scan_bwd_cpu.h"
+#include "../ss_host_util.h"
 
 using namespace jax_selscan;
 
@@ -658,6 +660,17 @@ int main(int argc, char** argv) {
   if (!quick) {
     cases.push_back({2, 96, 16, 1023, 1, 1, true, true, true, true, true, true, F, F});
     cases.push_back({1, 40, 16, 4099, 2, 2, true, true, true, true, true, true, F, F});
+  }
+  // Scratch that cannot be allocated throws (the FFI handlers turn it into an error) rather than
+  // handing a kernel a null buffer.
+  {
+    bool threw = false;
+    try {
+      alloc_floats(int64_t(1) << 60);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    CHECK(threw, "alloc_floats of 2^62 bytes did not throw std::bad_alloc");
   }
   // The float64 backward reference against central differences (tiny cases, all options).
   for (const Case& c : {Case{2, 4, 3, 7, 2, 1, true, true, true, true, true, true, F, F},
