@@ -289,20 +289,14 @@ def _median_call_s(f, x, reps):
 
 def copy_ceiling(mib, reps=20):
     """The copy rate of a jitted x + 1.0, synchronised per call (as the synchronised columns) and
-    pipelined (reps calls back to back, one sync; the second of two passes, as `timed`): the
+    pipelined (`timed`: reps calls back to back, one sync, the second of two passes): the
     synchronised figure carries JAX's per-call synchronisation (notes 7.4) and varied by 2x
     between runs, so each of our GB/s columns is set against the copy timed the same way."""
     n = mib * (1 << 20) // 4
     x = jnp.ones((n,), jnp.float32)
     f = jax.jit(lambda v: v + 1.0)
-    t = _median_call_s(f, x, reps)
-    for _ in range(2):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            r = f(x)
-        jax.block_until_ready(r)
-        tp = (time.perf_counter() - t0) / reps
-    del x, r
+    t, _, _, _, tp = timed(lambda: f(x), jax.block_until_ready, reps, warmup=1, budget_s=float("inf"))
+    del x
     return dict(GBps=2 * n * 4 / t / 1e9, GBps_pipe=2 * n * 4 / tp / 1e9, bytes=2 * n * 4, seconds=t,
                 seconds_pipe=tp, method="jitted x + 1.0, float32, read + write")
 

@@ -116,7 +116,7 @@ ffi::Error run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a, const ffi::AnyBuf
   try {
     linear_scan_cpu(args, *kernels, executor);
   } catch (const std::bad_alloc&) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted, where + "could not allocate the kernel's scratch memory");
+    return scratch_exhausted(where);
   }
   return ffi::Error::Success();
 }

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "linear_scan_cpu.h"  // Executor
 #include "xla/ffi/api/ffi.h"
@@ -84,5 +85,12 @@ class PoolExecutor final : public Executor {
   xla::ffi::ThreadPool& pool_;
   int64_t threads_;
 };
+
+// The handlers' error for scratch that could not be allocated (std::bad_alloc out of a kernel
+// call run through a PoolExecutor): XLA's RESOURCE_EXHAUSTED instead of a dead process.
+inline xla::ffi::Error scratch_exhausted(const std::string& where) {
+  return xla::ffi::Error(xla::ffi::ErrorCode::kResourceExhausted,
+                         where + "could not allocate the kernel's scratch memory");
+}
 
 }  // namespace jax_selscan

@@ -48,12 +48,6 @@ namespace ffi = xla::ffi;
 namespace jax_selscan {
 namespace {
 
-// A scratch buffer (per-thread work, L-split carries) that could not be allocated: the
-// call fails with this error instead of touching a null buffer.
-ffi::Error out_of_memory(const std::string& where) {
-  return ffi::Error(ffi::ErrorCode::kResourceExhausted, where + "could not allocate the kernel's scratch memory");
-}
-
 // The output is a fresh XLA buffer on most calls: first-touch page faults cost a
 // large part of a memory-bound call on a VM (see the linear scan's round 5 in
 // docs/PERFORMANCE_CPU.md). Ask for transparent huge pages on its 2 MiB-aligned
@@ -203,7 +197,7 @@ ffi::Error SelectiveScanCommon(ffi::ThreadPool& pool, ffi::AnyBuffer u, ffi::Any
   try {
     selective_scan_cpu(p, *table, executor);
   } catch (const std::bad_alloc&) {
-    return out_of_memory(where);
+    return scratch_exhausted(where);
   }
   return ffi::Error::Success();
 }
@@ -296,7 +290,7 @@ ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::Any
   try {
     selective_scan_bwd_cpu(q, *table, executor);
   } catch (const std::bad_alloc&) {
-    return out_of_memory(where);
+    return scratch_exhausted(where);
   }
   return ffi::Error::Success();
 }
