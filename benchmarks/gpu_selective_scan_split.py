@@ -2,7 +2,7 @@
 the forward's lanes per row at the shapes with few rows, and the bidirectional call against two
 directional calls. Pipelined per-call times (medians over passes that alternate the settings).
 
-    python3 -P benchmarks/gpu_selective_scan_split.py --out DIR [--study plans|sub|lanes]
+    python3 -P benchmarks/gpu_selective_scan_split.py --out DIR [--study plans|bidir|balance|sub|bwdsub|lanes]
                                                      (GPU machine, package installed)
 
 The settings are the kernels' environment knobs (JAX_SELSCAN_SS_FWD_CHUNKS, _SS_FWD_LANES,
@@ -50,6 +50,7 @@ def studies(lanes_p=("4", "8")):
             "balance": ([(1, 4224, 16384, 16), (1, 5120, 16384, 16), (2, 2560, 8192, 16)], bal_fwd, bal_bwd, []),
             "sub": (FEW_ROWS, sub_fwd, sub_bwd, []),
             "bwdsub": (FEW_ROWS, [("default", {})], sub_bwd, []),
+            "bidir": ([], [], [], [(8, 1536, 2048, 16), (1, 5120, 16384, 16)]),
             "lanes": ([(64, 768, 512, 16), (8, 1536, 2048, 16)], lanes, lanes, [])}
 
 
@@ -123,16 +124,26 @@ def sweep(shape, dtype, kind, settings, passes, budget_ms):
 
 
 def bidirectional(shape, dtype, passes, budget_ms):
+    """The fused call against two directional calls: their times added (the kernels alone), and
+    one jit of forward + reverse (what a user writes instead: the two calls plus the sum)."""
     args, _ = inputs(shape, dtype)
-    fns = {d: jax.jit(lambda *x, d=d: js.selective_scan(*x, delta_softplus=True, direction=d)).lower(*args).compile()
-           for d in ("forward", "reverse", "bidirectional")}
+    scan = lambda x, d: js.selective_scan(*x, delta_softplus=True, direction=d)
+    bodies = {d: (lambda *x, d=d: scan(x, d)) for d in ("forward", "reverse", "bidirectional")}
+    bodies["forward + reverse"] = lambda *x: scan(x, "forward") + scan(x, "reverse")
+    fns = {d: jax.jit(f).lower(*args).compile() for d, f in bodies.items()}
+    outs = {d: np.asarray(jnp.asarray(fn(*args), jnp.float32)) for d, fn in fns.items() if d != "forward"
+            and d != "reverse"}
+    a, b = outs["bidirectional"], outs["forward + reverse"]
     t = {d: [] for d in fns}
     for _ in range(passes):
         for d, fn in fns.items():
             t[d].append(budgeted_us(fn, args, budget_ms))
     m = {d: statistics.median(v) for d, v in t.items()}
     return {"forward_us": m["forward"], "reverse_us": m["reverse"], "bidirectional_us": m["bidirectional"],
-            "two_calls_over_bidirectional": (m["forward"] + m["reverse"]) / m["bidirectional"]}
+            "fwd_plus_rev_jit_us": m["forward + reverse"],
+            "two_calls_over_bidirectional": (m["forward"] + m["reverse"]) / m["bidirectional"],
+            "fwd_plus_rev_jit_over_bidirectional": m["forward + reverse"] / m["bidirectional"],
+            "rel_diff_vs_fwd_plus_rev": float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))}
 
 
 def main():
@@ -141,7 +152,7 @@ def main():
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--budget-ms", type=float, default=60.0, help="time per timed batch of calls")
     ap.add_argument("--study", default="plans", choices=sorted(studies()),
-                    help="plans: chunks and lanes at few rows, bidirectional; sub: phase A's sub-chunks (bwdsub: "
+                    help="plans: chunks and lanes at few rows, bidirectional (bidir: that alone); sub: phase A's sub-chunks (bwdsub: "
                          "the backward's only); "
                          "lanes: the forward's lanes with and without the backward")
     ap.add_argument("--lanes", default="4,8",
@@ -195,11 +206,14 @@ def main():
                   f"from the default's: {worst:.1e}.", ""]
     if res["bidir"]:
         lines += ["## bidirectional against two directional calls", "",
-                  "| shape | dtype | forward µs | reverse µs | bidirectional µs | (fwd + rev) / bidirectional |",
-                  "|---|---|---:|---:|---:|---:|"]
+                  "| shape | dtype | forward µs | reverse µs | bidirectional µs | (fwd + rev) / bidirectional | "
+                  "jit(fwd + rev) µs | jit(fwd + rev) / bidirectional | rel. diff |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for e in res["bidir"]:
         lines.append(f"| {'x'.join(map(str, e['shape']))} | {e['dtype']} | {e['forward_us']:.0f} | {e['reverse_us']:.0f} | "
-                     f"{e['bidirectional_us']:.0f} | {e['two_calls_over_bidirectional']:.2f}x |")
+                     f"{e['bidirectional_us']:.0f} | {e['two_calls_over_bidirectional']:.2f}x | "
+                     f"{e['fwd_plus_rev_jit_us']:.0f} | {e['fwd_plus_rev_jit_over_bidirectional']:.2f}x | "
+                     f"{e['rel_diff_vs_fwd_plus_rev']:.1e} |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
 

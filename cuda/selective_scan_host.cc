@@ -67,18 +67,13 @@ void bwd_grid(const SsProblem& p, int sms, bool staged, int rows_per_block, int6
 // PERFORMANCE_SELECTIVE_SCAN_CUDA 15.1, 16.4). `env` (JAX_SELSCAN_SS_FWD_SUB / _BWD_SUB,
 // measurements) forces it.
 constexpr int64_t kMinSubTiles = 24;
-// The busy fraction of the last wave of a grid of `blocks` on `slots` resident blocks.
-double last_wave_fill(int64_t blocks, int64_t slots) {
-  const double w = static_cast<double>(blocks) / static_cast<double>(slots);
-  return w / std::ceil(w);
-}
 int64_t phase_a_sub(const char* env, int64_t blocks, int64_t chunks_a, int64_t slots, int64_t tiles_per_chunk) {
   int64_t m = 0;
   if (const char* e = std::getenv(env)) m = std::atoll(e);
   if (m < 1) {
     double best = -1.0;
     for (int64_t k = 1; k <= 8 && (k == 1 || tiles_per_chunk / k >= kMinSubTiles); ++k) {
-      const double fill = last_wave_fill(blocks * chunks_a * k, slots);
+      const double fill = ss_last_wave_fill(blocks * chunks_a * k, slots);
       if (fill > best + 1e-9) {
         best = fill;
         m = k;
@@ -89,6 +84,11 @@ int64_t phase_a_sub(const char* env, int64_t blocks, int64_t chunks_a, int64_t s
 }
 
 }  // namespace
+
+double ss_last_wave_fill(int64_t blocks, int64_t slots) {
+  const double w = static_cast<double>(blocks) / static_cast<double>(slots > 0 ? slots : 1);
+  return w / std::ceil(w);
+}
 
 bool ss_supported(const SsProblem& p) {
   return p.N >= 1 && p.N <= 128 && p.batch > 0 && p.dim > 0 && p.L > 0;
@@ -148,7 +148,7 @@ int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_blo
     // 7 (2.83 waves, 94%) 5.91 in another; at 132 row blocks 3 chunks (one full wave) beat 6.
     int64_t pick = 0;
     for (int64_t k = base; k <= 2 * base + 3 && !pick; ++k)
-      if (last_wave_fill(blocks * k, slots) >= 0.9) pick = k;
+      if (ss_last_wave_fill(blocks * k, slots) >= 0.9) pick = k;
     n = pick ? pick : (base <= 3 ? 2 * base : base);
   }
   n = std::min(n, p.L / 256);

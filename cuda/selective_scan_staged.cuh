@@ -502,7 +502,7 @@ cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Fraction of the last wave that is busy: a grid of `blocks` over SMs running `per_sm` each.
+// The last wave's fill of a grid of `blocks` over this GPU's SMs running `per_sm` each.
 inline double wave_fill(int64_t blocks, int per_sm) {
   static const int sms = [] {
     int dev = 0, n = 0;
@@ -510,8 +510,7 @@ inline double wave_fill(int64_t blocks, int per_sm) {
     cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
     return n > 0 ? n : 1;
   }();
-  const double w = static_cast<double>(blocks) / (static_cast<double>(sms) * (per_sm > 0 ? per_sm : 1));
-  return w / std::ceil(w);
+  return ss_last_wave_fill(blocks, static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1));
 }
 
 template <class T, int P, int NS>
