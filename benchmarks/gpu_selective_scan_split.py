@@ -146,6 +146,43 @@ def bidirectional(shape, dtype, passes, budget_ms):
             "rel_diff_vs_fwd_plus_rev": float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))}
 
 
+def write_markdown(res, stem):
+    """stem.md from the results (also: regenerate it from a run's JSON)."""
+    lines = [f"# selective_scan launch plans on {res.get('gpu', res['device'])}", "",
+             f"date {res['date']}, commit {res['commit']}, jax {res['jax']}, command "
+             f"`{res['command']}`", "",
+             "Pipelined per-call µs, medians over passes that alternate the settings; (8, 1536, 2048)-style "
+             "shapes are (batch, D, L, N), z, delta_bias and softplus on. `Pp nk`: P lanes per row, k L chunks "
+             "(the forward's knobs); `bwd nk`: the backward's chunks with the default forward; `subm` / `bwd subm`: "
+             "m sub-chunks per chunk in phase A of the forward's / backward's L split; `Pp` alone: every forward "
+             "walk on p lanes per row.", ""]
+    for key, title in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
+        if not res[key]:
+            continue
+        labels = list(res[key][0]["times"])
+        lines += [f"## {title}", "", "| shape | dtype | " + " | ".join(labels) + " |",
+                  "|---|---|" + "---:|" * len(labels)]
+        for e in res[key]:
+            best = min(v["us"] for v in e["times"].values())
+            cells = [(f"**{v['us']:.0f}**" if v["us"] == best else f"{v['us']:.0f}") for v in e["times"].values()]
+            lines.append(f"| {'x'.join(map(str, e['shape']))} | {e['dtype']} | " + " | ".join(cells) + " |")
+        worst = max(v["rel_diff_vs_first"] for e in res[key] for v in e["times"].values())
+        lines += ["", f"Largest relative difference of a plan's result (output; fwd+bwd: each gradient) "
+                  f"from the default's: {worst:.1e}.", ""]
+    if res["bidir"]:
+        lines += ["## bidirectional against two directional calls", "",
+                  "| shape | dtype | forward µs | reverse µs | bidirectional µs | (fwd + rev) / bidirectional | "
+                  "jit(fwd + rev) µs | jit(fwd + rev) / bidirectional | rel. diff |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for e in res["bidir"]:
+        lines.append(f"| {'x'.join(map(str, e['shape']))} | {e['dtype']} | {e['forward_us']:.0f} | {e['reverse_us']:.0f} | "
+                     f"{e['bidirectional_us']:.0f} | {e['two_calls_over_bidirectional']:.2f}x | "
+                     f"{e['fwd_plus_rev_jit_us']:.0f} | {e['fwd_plus_rev_jit_over_bidirectional']:.2f}x | "
+                     f"{e['rel_diff_vs_fwd_plus_rev']:.1e} |")
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
@@ -183,39 +220,12 @@ def main():
             res["bidir"].append({"shape": shape, "dtype": dtype, **r})
             print("bidir", shape, dtype, {k: round(v, 2) for k, v in r.items()}, flush=True)
     stem = os.path.join(opt.out, "gpu_selective_scan_split" + ("" if opt.study == "plans" else "_" + opt.study))
+    res["command"] = (f"python3 -P benchmarks/gpu_selective_scan_split.py --study {opt.study}"
+                      f"{' --lanes ' + opt.lanes if opt.study == 'lanes' else ''} --passes {opt.passes} "
+                      f"--budget-ms {opt.budget_ms:g}")
     with open(stem + ".json", "w") as f:
         json.dump(res, f, indent=1)
-    lines = [f"# selective_scan launch plans on {res.get('gpu', res['device'])}", "",
-             f"date {res['date']}, commit {res['commit']}, jax {res['jax']}, command "
-             f"`python3 -P benchmarks/gpu_selective_scan_split.py --study {opt.study}{' --lanes ' + opt.lanes if opt.study == 'lanes' else ''} --passes {opt.passes} --budget-ms {opt.budget_ms:g}`", "",
-             "Pipelined per-call µs, medians over passes that alternate the settings; (8, 1536, 2048)-style "
-             "shapes are (batch, D, L, N), z, delta_bias and softplus on. `Pp nk`: P lanes per row, k L chunks "
-             "(the forward's knobs); `bwd nk`: the backward's chunks with the default forward; `subm` / `bwd subm`: "
-             "m sub-chunks per chunk in phase A of the forward's / backward's L split; `Pp` alone: every forward "
-             "walk on p lanes per row.", ""]
-    for key, title in (("fwd", "forward"), ("fwd_bwd", "forward + backward")):
-        labels = list(res[key][0]["times"])
-        lines += [f"## {title}", "", "| shape | dtype | " + " | ".join(labels) + " |",
-                  "|---|---|" + "---:|" * len(labels)]
-        for e in res[key]:
-            best = min(v["us"] for v in e["times"].values())
-            cells = [(f"**{v['us']:.0f}**" if v["us"] == best else f"{v['us']:.0f}") for v in e["times"].values()]
-            lines.append(f"| {'x'.join(map(str, e['shape']))} | {e['dtype']} | " + " | ".join(cells) + " |")
-        worst = max(v["rel_diff_vs_first"] for e in res[key] for v in e["times"].values())
-        lines += ["", f"Largest relative difference of a plan's result (output; fwd+bwd: each gradient) "
-                  f"from the default's: {worst:.1e}.", ""]
-    if res["bidir"]:
-        lines += ["## bidirectional against two directional calls", "",
-                  "| shape | dtype | forward µs | reverse µs | bidirectional µs | (fwd + rev) / bidirectional | "
-                  "jit(fwd + rev) µs | jit(fwd + rev) / bidirectional | rel. diff |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for e in res["bidir"]:
-        lines.append(f"| {'x'.join(map(str, e['shape']))} | {e['dtype']} | {e['forward_us']:.0f} | {e['reverse_us']:.0f} | "
-                     f"{e['bidirectional_us']:.0f} | {e['two_calls_over_bidirectional']:.2f}x | "
-                     f"{e['fwd_plus_rev_jit_us']:.0f} | {e['fwd_plus_rev_jit_over_bidirectional']:.2f}x | "
-                     f"{e['rel_diff_vs_fwd_plus_rev']:.1e} |")
-    with open(stem + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_markdown(res, stem)
 
 
 if __name__ == "__main__":
