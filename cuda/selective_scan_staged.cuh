@@ -179,7 +179,11 @@ __host__ __device__ constexpr int staged_min_blocks(int P, int NS) {
   return P >= 16 ? 1 : (NS >= 8 ? 2 : (P <= 4 ? 4 : 3));
 }
 
-template <class T, int P, int NS>
+// AddY: the kernel for mode kAddY (the second direction of "bidirectional"), which prefetches
+// the first direction's y (ybuf) with the tile's other inputs and folds it into the add term
+// when staging; loaded at the write-out instead, each tile's loads stalled that block on
+// global memory after the walk (5-7% over the two directions' kernels, notes 18).
+template <class T, int P, int NS, bool AddY>
 __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_staged_kernel(FwdArgs a) {
   constexpr int NT = kSRows * P;
   constexpr int NP = P * NS;
@@ -253,6 +257,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 
   // Registers holding the next tile.
   Raw4<T> ru[VPT], rd[VPT], rz[VPT], rb[BPT], rc[BPT];
+  Raw4<float> ry[AddY ? VPT : 1];
   auto load_tile = [&](int64_t k) {
     const int64_t t0 = tm.t0(k);
     if (tile_inside(t0)) {
@@ -264,6 +269,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         ru[m].load4(u, o);
         rd[m].load4(de, o);
         if (z) rz[m].load4(z, o);
+        if constexpr (AddY) ry[m].load4(a.ybuf, o);
       }
 #pragma unroll
       for (int m = 0; m < BPT; ++m) {
@@ -283,6 +289,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       load_vec(u + base, t, ru[m]);
       load_vec(de + base, t, rd[m]);
       if (z) load_vec(z + base, t, rz[m]);
+      if constexpr (AddY) load_raw4<float>(a.ybuf + base, t, L, vec, ry[m]);
     }
 #pragma unroll
     for (int m = 0; m < BPT; ++m) {
@@ -311,7 +318,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     const int64_t t0 = tm.t0(k);
     float4* X = reinterpret_cast<float4*>(buf);
     float2* BC = reinterpret_cast<float2*>(buf + kSRows * kSX * 4);
-    // Per mode: add = addmul * u (kAddY adds ybuf when writing), gate = silu(z) unless kRawY.
+    // Per mode: add = addmul * u (+ ybuf for kAddY), gate = silu(z) unless kRawY.
     const bool gated = z && mode != kRawY;
 #pragma unroll
     for (int m = 0; m < VPT; ++m) {
@@ -322,15 +329,16 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       const int64_t t = t0 + i0;
       const bool full = ok && t >= 0 && t + 3 < L;  // always, or never, when L % 4 == 0
       const float bias = RB[rr], addmul = RM[rr];
-      float uv[4], dv[4], zv[4] = {0.f, 0.f, 0.f, 0.f};
+      float uv[4], dv[4], zv[4] = {0.f, 0.f, 0.f, 0.f}, yv[4] = {0.f, 0.f, 0.f, 0.f};
       ru[m].get(uv);
       rd[m].get(dv);
       if (gated) rz[m].get(zv);
+      if constexpr (AddY) ry[m].get(yv);
       auto elem = [&](int e) {
         const float xb = dv[e] + bias;
         const float dt = p.softplus ? softplus_fast(xb) : xb;
         const float g = gated ? silu_fast(zv[e]) : 1.f;
-        return make_float4(dt, dt * uv[e], addmul * uv[e], g);
+        return make_float4(dt, dt * uv[e], AddY ? fmaf(addmul, uv[e], yv[e]) : addmul * uv[e], g);
       };
       float4* Xr = X + rr * kSX;
       if (full) {  // every tile but a sequence's last: no per-element bounds
@@ -457,14 +465,16 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         for (int e = 0; e < 4; ++e) {
           const int sl = slot(i0 + e);
           const float4 x = Xb[rr * kSX + sl];
-          o[e] = Yb[yidx(rr, sl)] + x.z;
-          if (mode == kAddY) o[e] += live(e) ? a.ybuf[o0 + e] : 0.f;
-          o[e] *= x.w;
+          o[e] = (Yb[yidx(rr, sl)] + x.z) * x.w;
         }
         if (mode == kRawY) {
+          if (inside) {
+            *reinterpret_cast<float4*>(a.ybuf + o0) = make_float4(o[0], o[1], o[2], o[3]);
+          } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (live(e)) a.ybuf[o0 + e] = o[e];
+            for (int e = 0; e < 4; ++e)
+              if (live(e)) a.ybuf[o0 + e] = o[e];
+          }
         } else if (vec && t >= 0 && t < L) {
           Io<T>::st4(static_cast<T*>(a.out), o0, o);
         } else if (!vec) {
@@ -494,7 +504,7 @@ cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const size_t smem = staged_smem_bytes(P * NS);
-  auto kern = fwd_staged_kernel<T, P, NS>;
+  auto kern = a.mode == kAddY ? fwd_staged_kernel<T, P, NS, true> : fwd_staged_kernel<T, P, NS, false>;
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
@@ -518,9 +528,9 @@ int staged_blocks_per_sm() {
   static const int n = [] {
     // The occupancy query counts dynamic shared memory above 48 KB only once allowed.
     const int smem = static_cast<int>(staged_smem_bytes(P * NS));
-    cudaFuncSetAttribute(fwd_staged_kernel<T, P, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaFuncSetAttribute(fwd_staged_kernel<T, P, NS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     int k = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&k, fwd_staged_kernel<T, P, NS>, kSRows * P,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&k, fwd_staged_kernel<T, P, NS, false>, kSRows * P,
                                                             smem, cudaOccupancyDisableCachingOverride);
     return k;
   }();
