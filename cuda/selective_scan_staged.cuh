@@ -179,11 +179,16 @@ __host__ __device__ constexpr int staged_min_blocks(int P, int NS) {
   return P >= 16 ? 1 : (NS >= 8 ? 2 : (P <= 4 ? 4 : 3));
 }
 
-// AddY: the kernel for mode kAddY (the second direction of "bidirectional"), which prefetches
-// the first direction's y (ybuf) with the tile's other inputs and folds it into the add term
-// when staging; loaded at the write-out instead, each tile's loads stalled that block on
-// global memory after the walk (5-7% over the two directions' kernels, notes 18).
-template <class T, int P, int NS, bool AddY>
+// YB: what the walk does with the y buffer of "bidirectional", a kernel of its own each, so that
+// the other modes carry none of that code (with it, ptxas spilled more in the float32 kernels
+// and their forward ran 4-5% slower, notes 18.3): kYbNone; kYbWrite (mode kRawY, the first
+// direction) stores y there; kYbAdd (mode kAddY, the second) prefetches it with the tile's
+// other inputs and folds it into the add term when staging. Loaded at the write-out instead,
+// each tile's loads stalled that block on global memory after the walk (5-7% over the two
+// directions' kernels).
+enum YBuf { kYbNone = 0, kYbWrite = 1, kYbAdd = 2 };
+
+template <class T, int P, int NS, int YB>
 __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_staged_kernel(FwdArgs a) {
   constexpr int NT = kSRows * P;
   constexpr int NP = P * NS;
@@ -257,6 +262,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 
   // Registers holding the next tile.
   Raw4<T> ru[VPT], rd[VPT], rz[VPT], rb[BPT], rc[BPT];
+  constexpr bool AddY = YB == kYbAdd;
   Raw4<float> ry[AddY ? VPT : 1];
   auto load_tile = [&](int64_t k) {
     const int64_t t0 = tm.t0(k);
@@ -467,7 +473,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
           const float4 x = Xb[rr * kSX + sl];
           o[e] = (Yb[yidx(rr, sl)] + x.z) * x.w;
         }
-        if (mode == kRawY) {
+        if constexpr (YB == kYbWrite) {
           if (inside) {
             *reinterpret_cast<float4*>(a.ybuf + o0) = make_float4(o[0], o[1], o[2], o[3]);
           } else {
@@ -504,7 +510,8 @@ cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const size_t smem = staged_smem_bytes(P * NS);
-  auto kern = a.mode == kAddY ? fwd_staged_kernel<T, P, NS, true> : fwd_staged_kernel<T, P, NS, false>;
+  auto kern = a.mode == kAddY ? fwd_staged_kernel<T, P, NS, kYbAdd>
+              : a.mode == kRawY ? fwd_staged_kernel<T, P, NS, kYbWrite> : fwd_staged_kernel<T, P, NS, kYbNone>;
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
@@ -528,9 +535,9 @@ int staged_blocks_per_sm() {
   static const int n = [] {
     // The occupancy query counts dynamic shared memory above 48 KB only once allowed.
     const int smem = static_cast<int>(staged_smem_bytes(P * NS));
-    cudaFuncSetAttribute(fwd_staged_kernel<T, P, NS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaFuncSetAttribute(fwd_staged_kernel<T, P, NS, kYbNone>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     int k = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&k, fwd_staged_kernel<T, P, NS, false>, kSRows * P,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&k, fwd_staged_kernel<T, P, NS, kYbNone>, kSRows * P,
                                                             smem, cudaOccupancyDisableCachingOverride);
     return k;
   }();

@@ -8,7 +8,7 @@
 # ss_pytest_rows (the forward/backward tests with the round-1 kernels forced:
 # JAX_SELSCAN_SS_FWD=rows JAX_SELSCAN_SS_BWD=rows; SS_PYTEST_K="expr" selects tests of ss_pytest
 # with pytest -k),
-# ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu), ss_ncu_ab (ncu A/B of wheels:
+# ss_sanitize (the three sanitizers on cuda/tools/ss_driver.cu; SS_SAN_TOOLS picks some), ss_ncu_ab (ncu A/B of wheels:
 # SS_AB_WHEELS), ss_times_ab (every kernel's ncu time in one fwd and one vjp, per wheel), ss_split (the L split's launch plans and bidirectional vs two calls; SS_SPLIT_STUDIES), ss_bench
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
@@ -96,7 +96,7 @@ if has ss_sanitize; then
     cuda/selective_scan_bf16.cu cuda/selective_scan_f16.cu cuda/selective_scan_host.cc \
     -o "$SSD" > "$LOGS/build_ss_driver.log" 2>&1 || status=1
   TAIL=4 step ss_driver 120 "$SSD"
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SS_SAN_TOOLS:-memcheck racecheck synccheck}; do
     TAIL=4 step "ss_sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$SSD"
   done
 fi
