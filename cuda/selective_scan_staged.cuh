@@ -180,8 +180,8 @@ __host__ __device__ constexpr int staged_min_blocks(int P, int NS) {
 }
 
 // YB: what the walk does with the y buffer of "bidirectional", a kernel of its own each, so that
-// the other modes carry none of that code (with it, ptxas spilled more in the float32 kernels
-// and their forward ran 4-5% slower, notes 18.3): kYbNone; kYbWrite (mode kRawY, the first
+// the other modes carry none of that code (with it, ptxas spilled more in the float32 kernels:
+// the forward ran ≈ 6% slower in float32 and 2-3% in bfloat16, notes 18.2): kYbNone; kYbWrite (mode kRawY, the first
 // direction) stores y there; kYbAdd (mode kAddY, the second) prefetches it with the tile's
 // other inputs and folds it into the add term when staging. Loaded at the write-out instead,
 // each tile's loads stalled that block on global memory after the walk (5-7% over the two
