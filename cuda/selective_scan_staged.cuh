@@ -179,13 +179,15 @@ __host__ __device__ constexpr int staged_min_blocks(int P, int NS) {
   return P >= 16 ? 1 : (NS >= 8 ? 2 : (P <= 4 ? 4 : 3));
 }
 
-// YB: what the walk does with the y buffer of "bidirectional", a kernel of its own each, so that
-// the other modes carry none of that code (with it, ptxas spilled more in the float32 kernels:
-// the forward ran ≈ 6% slower in float32 and 2-3% in bfloat16, notes 18.2): kYbNone; kYbWrite (mode kRawY, the first
-// direction) stores y there; kYbAdd (mode kAddY, the second) prefetches it with the tile's
-// other inputs and folds it into the add term when staging. Loaded at the write-out instead,
-// each tile's loads stalled that block on global memory after the walk (5-7% over the two
-// directions' kernels).
+// YB: what the walk does with the y buffer of "bidirectional", in kernels of their own so that
+// the other modes carry none of that code (with it, ptxas spilled more in the float32 kernels,
+// and the forward ran ~6% slower in float32, 2-3% in bfloat16; notes 18.2):
+//   kYbNone  - kFinal, the checkpoint sweep, phase A's chunk ends;
+//   kYbWrite - kRawY, the first direction: stores y there;
+//   kYbAdd   - kAddY, the second: prefetches it with the tile's other inputs and folds it into
+//              the add term when staging. Loaded at the write-out instead, each tile's loads
+//              stalled its block on global memory after the walk (5-7% over the two
+//              directions' kernels).
 enum YBuf { kYbNone = 0, kYbWrite = 1, kYbAdd = 2 };
 
 template <class T, int P, int NS, int YB>
