@@ -205,15 +205,24 @@ def custom_calls(lowered):
     return sorted(names)
 
 
+# The pipelined passes: about this long, in at most this many calls (the outputs of every
+# queued call stay allocated until it has run, so the cap bounds the memory of short calls).
+PIPE_BUDGET_S = 0.06
+PIPE_MAX_CALLS = 200
+
+
 def timed(call, sync, reps, warmup, budget_s):
     """Median wall-clock seconds of `call()` followed by `sync(result)`.
 
     Returns (median, times, first_result, last_result, pipelined). The first (warm-up)
     call's time sets the number of timed repeats: at most `reps`, at least 3, about
     `budget_s` in all; a first call slower than 0.25 s counts as the whole warm-up.
-    `pipelined`: the same number of calls issued back to back with one sync at the end,
-    per call (the second of two such passes): the device time when dispatch overlaps the
-    previous call (JAX's ~80 us and torch's launch overheads hide behind the kernels).
+    `pipelined`: calls issued back to back with one sync at the end, per call (the second of
+    two such passes): the device time when dispatch overlaps the previous call (JAX's ~80 us
+    and torch's launch overheads hide behind the kernels). As many calls as fill about
+    PIPE_BUDGET_S (at least the synchronised repeats, at most PIPE_MAX_CALLS), so that the
+    pass's fixed costs (the first dispatch, the final synchronisation: 150-280 us for a
+    jitted call, notes 7.4) are spread over enough calls.
     """
     t0 = time.perf_counter()
     first = call()
@@ -232,12 +241,13 @@ def timed(call, sync, reps, warmup, budget_s):
     # Two passes, the second one kept: the first pass of the first shape measured 4.5 ms
     # against 2.8 synchronised (fwd+bwd fp32, session 4), consistent with the extension's
     # scratch pool growing to its high-water mark while many calls are queued.
+    npipe = int(max(n, min(PIPE_MAX_CALLS, PIPE_BUDGET_S / max(median(times), 1e-6))))
     for _ in range(2):
         t0 = time.perf_counter()
-        for _ in range(n):
+        for _ in range(npipe):
             res = call()
         sync(res)
-        pipelined = (time.perf_counter() - t0) / n
+        pipelined = (time.perf_counter() - t0) / npipe
     res = None
     return median(times), times, first, last, pipelined
 
@@ -289,7 +299,7 @@ def _median_call_s(f, x, reps):
 
 def copy_ceiling(mib, reps=20):
     """The copy rate of a jitted x + 1.0, synchronised per call (as the synchronised columns) and
-    pipelined (`timed`: reps calls back to back, one sync, the second of two passes): the
+    pipelined (`timed`: calls back to back, one sync, the second of two passes): the
     synchronised figure carries JAX's per-call synchronisation (notes 7.4) and varied by 2x
     between runs, so each of our GB/s columns is set against the copy timed the same way."""
     n = mib * (1 << 20) // 4
@@ -608,8 +618,9 @@ def write_outputs(outdir, stem, meta, results):
              "torch: out.backward(g)). GB/s: bytes a fused forward must move (read u, delta, z, B, C; "
              "write out) over the forward time, synchronised / pipelined, and its fraction of the copy ceiling timed "
              "the same way. Ratios: the other's time over ours (> 1: ours faster). "
-             "pipelined: per-call time of the same number of calls issued back to back with one "
-             "sync at the end (dispatch overlapped with the previous call).\n")
+             f"pipelined: per-call time of calls issued back to back with one sync at the end (dispatch "
+             f"overlapped with the previous call; about {PIPE_BUDGET_S * 1e3:g} ms of calls, at least the "
+             f"synchronised repeats, at most {PIPE_MAX_CALLS}).\n")
     L.append("## Times\n")
     L.append("| dtype | shape (b, D, L, N) | impl | fwd ms | fwd+bwd ms | fwd ms pipelined | "
              "fwd+bwd ms pipelined | fwd GB/s (sync / pipelined) | of copy (sync / pipelined) | deterministic | note |")
