@@ -131,9 +131,7 @@ def bidirectional(shape, dtype, passes, budget_ms):
     bodies = {d: (lambda *x, d=d: scan(x, d)) for d in ("forward", "reverse", "bidirectional")}
     bodies["forward + reverse"] = lambda *x: scan(x, "forward") + scan(x, "reverse")
     fns = {d: jax.jit(f).lower(*args).compile() for d, f in bodies.items()}
-    outs = {d: np.asarray(jnp.asarray(fn(*args), jnp.float32)) for d, fn in fns.items() if d != "forward"
-            and d != "reverse"}
-    a, b = outs["bidirectional"], outs["forward + reverse"]
+    a, b = (np.asarray(jnp.asarray(fns[d](*args), jnp.float32)) for d in ("bidirectional", "forward + reverse"))
     t = {d: [] for d in fns}
     for _ in range(passes):
         for d, fn in fns.items():
