@@ -3,12 +3,17 @@ the selective-scan handler or the GPU's clock between calls? Controls: a compute
 plain-JAX kernel of similar length; ours called twice in one jit; the SM clock sampled by
 nvidia-smi during the synchronised and the pipelined loops (part 1, fp32). Then the host time
 until a jitted call returns (dispatch) against its total, fp32 and bf16, for ours, a plain
-elementwise function of the same arguments and a trivial call (part 2). Shape (8, 1536, 2048, 16).
+elementwise function of the same arguments and a trivial call (part 2). Part 3: how the host
+waits, side by side per call: `jax.block_until_ready`, or spinning on `Array.is_ready()` (a
+public method), for our forward, our forward + backward, the jitted reference and the
+compute-bound plain kernel, beside the pipelined time. Shape (8, 1536, 2048, 16).
 
-    python3 -P benchmarks/jax_sync_overhead.py      (GPU machine, package installed)
+    python3 -P benchmarks/jax_sync_overhead.py [--parts 1,2,3]   (GPU machine, package installed)
 
 Results: benchmarks/results/jax_sync_overhead_h200_2026-11-30.txt; discussed in
 docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md section 7.4."""
+import argparse
+import os
 import statistics
 import subprocess
 import threading
@@ -19,7 +24,7 @@ import jax.numpy as jnp
 
 import jax_selscan as js
 
-SHAPE = (8, 1536, 2048, 16)
+SHAPE = tuple(int(x) for x in os.environ.get("SYNC_SHAPE", "8,1536,2048,16").split(","))  # a smoke test: smaller
 
 
 def make_args(dtype):
@@ -132,6 +137,47 @@ def part2():
                   f"{statistics.median(tt)*1e6:7.1f} us  pipelined {tp*1e6:7.1f} us", flush=True)
 
 
+def wait_poll(r):
+    """Spin until every leaf of r is ready (Array.is_ready), then block (a no-op by then)."""
+    leaves = jax.tree_util.tree_leaves(r)
+    while not all(x.is_ready() for x in leaves):
+        pass
+    return jax.block_until_ready(r)
+
+
+def part3():
+    for dtn in ("float32", "bfloat16"):
+        args = make_args(jnp.dtype(dtn))
+        fwd = lambda *a: scan(*a)
+        def fwd_bwd(*a):  # every gradient, as the package benchmark's fwd+bwd
+            y, vjp = jax.vjp(fwd, *a)
+            return y, vjp(jnp.ones_like(y))
+        ref = lambda *a: js.selective_scan_ref(*a, delta_softplus=True)
+        cases = (("ours_fwd", fwd), ("ours_fwd_bwd", fwd_bwd), ("ref_fwd", ref), ("heavy_plain", heavy_plain))
+        for name, f in cases:
+            c = jax.jit(f).lower(*args).compile()
+            for _ in range(5):
+                jax.block_until_ready(c(*args))
+            res = {}
+            for _round in range(2):  # the two waits interleaved, twice, against drift
+                for wname, wait in (("block_until_ready", jax.block_until_ready), ("poll_is_ready", wait_poll)):
+                    tt, t_end = [], time.perf_counter() + 0.4
+                    while time.perf_counter() < t_end or len(tt) < 20:
+                        t0 = time.perf_counter()
+                        wait(c(*args))
+                        tt.append(time.perf_counter() - t0)
+                    res.setdefault(wname, []).extend(tt)
+            tp = pipelined_s(c, args, seconds=0.5)
+            med = {k: statistics.median(v) * 1e6 for k, v in res.items()}
+            print(f"{dtn:9s} {name:13s} block_until_ready {med['block_until_ready']:8.1f} us  poll_is_ready "
+                  f"{med['poll_is_ready']:8.1f} us  pipelined {tp*1e6:8.1f} us  (n={len(res['poll_is_ready'])})", flush=True)
+
+
 if __name__ == "__main__":
-    part1()
-    part2()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="1,2,3")
+    parts = ap.parse_args().parts.split(",")
+    print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, shape {SHAPE}", flush=True)
+    for k, fn in (("1", part1), ("2", part2), ("3", part3)):
+        if k in parts:
+            fn()

@@ -15,7 +15,7 @@
 #   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
 #    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
-# sharded_gpu (tests/test_sharded.py on 4 GPUs).
+# sharded_gpu (tests/test_sharded.py on 4 GPUs), sync_overhead (how the host waits for a call).
 # Also: lds (shared-load wavefronts by lane pattern, cuda/tools/lds_wavefronts.cu),
 # variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
 # events; VB_ENV="VB_ROWS=1" picks the shape set), variants_ab (prebuilt benches in turn: VB_AB), main_bench (python -m jax_selscan.bench
@@ -229,6 +229,10 @@ if has ss_split; then  # one run per study of SS_SPLIT_STUDIES (plans, sub, lane
       --out "$OUT" --study $study ${SS_SPLIT_ARGS:-}
   done
 fi
+# sync_overhead: how the host waits for a jitted call (block_until_ready against polling
+# Array.is_ready; benchmarks/jax_sync_overhead.py, SYNC_PARTS picks its parts). Run after the
+# builds so that no compile shares the host's cores with it.
+has sync_overhead && TAIL=30 step sync_overhead 240 $PY -P benchmarks/jax_sync_overhead.py --parts ${SYNC_PARTS:-3}
 # sharded_gpu: tests/test_sharded.py on this machine's GPUs instead of 4 virtual CPU devices
 # (needs 4 GPUs: run(kind="nvidia-h200-x4")); the package from the build stage (PKG_WHEEL).
 has sharded_gpu && JAX_SELSCAN_SHARDED_PLATFORM=gpu TAIL=30 step sharded_gpu ${SHARDED_LIMIT:-420} \
