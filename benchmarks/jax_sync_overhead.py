@@ -6,9 +6,11 @@ until a jitted call returns (dispatch) against its total, fp32 and bf16, for our
 elementwise function of the same arguments and a trivial call (part 2). Part 3: how the host
 waits, side by side per call: `jax.block_until_ready`, or spinning on `Array.is_ready()` (a
 public method), for our forward, our forward + backward, the jitted reference and the
-compute-bound plain kernel, beside the pipelined time. Shape (8, 1536, 2048, 16).
+compute-bound plain kernel, beside the pipelined time; with `--spinners K`, again while K
+lowest-priority busy loops keep the host's cores out of their idle states (a test of whether
+the waiting threads' wake-up from idle is what costs). Shape (8, 1536, 2048, 16).
 
-    python3 -P benchmarks/jax_sync_overhead.py [--parts 1,2,3]   (GPU machine, package installed)
+    python3 -P benchmarks/jax_sync_overhead.py [--parts 1,2,3] [--spinners K]   (GPU machine)
 
 Results: benchmarks/results/jax_sync_overhead_h200_2026-11-30.txt; discussed in
 docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md section 7.4."""
@@ -16,6 +18,7 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
 import threading
 import time
 
@@ -145,7 +148,21 @@ def wait_poll(r):
     return jax.block_until_ready(r)
 
 
-def part3():
+def idle_states():
+    """The host's cpuidle states of CPU 0 (name: exit latency us), read-only; '' if hidden."""
+    import glob
+    out = []
+    for d in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cpuidle/state*")):
+        try:
+            name = open(d + "/name").read().strip()
+            lat = open(d + "/latency").read().strip()
+            out.append(f"{name}:{lat}us")
+        except OSError:
+            pass
+    return " ".join(out)
+
+
+def part3(label=""):
     for dtn in ("float32", "bfloat16"):
         args = make_args(jnp.dtype(dtn))
         fwd = lambda *a: scan(*a)
@@ -169,15 +186,28 @@ def part3():
                     res.setdefault(wname, []).extend(tt)
             tp = pipelined_s(c, args, seconds=0.5)
             med = {k: statistics.median(v) * 1e6 for k, v in res.items()}
-            print(f"{dtn:9s} {name:13s} block_until_ready {med['block_until_ready']:8.1f} us  poll_is_ready "
+            print(f"{label}{dtn:9s} {name:13s} block_until_ready {med['block_until_ready']:8.1f} us  poll_is_ready "
                   f"{med['poll_is_ready']:8.1f} us  pipelined {tp*1e6:8.1f} us  (n={len(res['poll_is_ready'])})", flush=True)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="1,2,3")
-    parts = ap.parse_args().parts.split(",")
-    print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, shape {SHAPE}", flush=True)
+    ap.add_argument("--spinners", type=int, default=0, help="part 3 again beside this many nice-19 busy loops")
+    opt = ap.parse_args()
+    parts = opt.parts.split(",")
+    print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, shape {SHAPE}, host cores {os.cpu_count()}, "
+          f"cpuidle states of cpu0: {idle_states() or 'not readable'}", flush=True)
     for k, fn in (("1", part1), ("2", part2), ("3", part3)):
         if k in parts:
             fn()
+    if "3" in parts and opt.spinners > 0:
+        # `nice` execs the loop (no Python code between fork and exec: JAX is multithreaded)
+        spin = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"], close_fds=False)
+                for _ in range(opt.spinners)]
+        try:
+            time.sleep(0.5)
+            part3(label=f"[{opt.spinners} spinners] ")
+        finally:
+            for q in spin:
+                q.kill()

@@ -232,7 +232,7 @@ fi
 # sync_overhead: how the host waits for a jitted call (block_until_ready against polling
 # Array.is_ready; benchmarks/jax_sync_overhead.py, SYNC_PARTS picks its parts). Run after the
 # builds so that no compile shares the host's cores with it.
-has sync_overhead && TAIL=30 step sync_overhead 240 $PY -P benchmarks/jax_sync_overhead.py --parts ${SYNC_PARTS:-3}
+has sync_overhead && TAIL=30 step sync_overhead 240 $PY -P benchmarks/jax_sync_overhead.py --parts ${SYNC_PARTS:-3} ${SYNC_ARGS:-}
 # sharded_gpu: tests/test_sharded.py on this machine's GPUs instead of 4 virtual CPU devices
 # (needs 4 GPUs: run(kind="nvidia-h200-x4")); the package from the build stage (PKG_WHEEL).
 has sharded_gpu && JAX_SELSCAN_SHARDED_PLATFORM=gpu TAIL=30 step sharded_gpu ${SHARDED_LIMIT:-420} \
