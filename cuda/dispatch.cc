@@ -51,7 +51,18 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    66% vs 49%, 47% vs 41%, 60% vs 43%. At L <= 1024 it lost ((1024, 1024) 17% vs 22%,
   //    (2048, 32, 1024) fp32 62% vs 69%), so those keep the rule above. Float state only
   //    (elem_bytes 4 or 2; complex64 is 8); make_plan falls back without 16-byte vectors.
-  if (p.L > 1024 && elem_bytes <= 4) return kStridedPipe;
+  //  * strided, longer axes, few channel tiles (session 23, variant bench, % of copy, strided_pipe
+  //    vs strided_stage, section 15): with at most 2 chains of tiles (outer x channel tiles of 128
+  //    fp32 / 256 16-bit channels) the pipeline's look-backs serialise its few chains and the
+  //    staged tile wins: fp32 (8192, 128) 11% vs 18%, (16384, 256) 27% vs 35%, (65536, 256) 40%
+  //    vs 47%; bf16 4% vs 8%, 14% vs 18%, 21% vs 29%, and (65536, 512) (2 chains) 35% vs 36%.
+  //    From 3 chains the pipeline: fp32 (65536, 512) 66% vs 55%, (32768, 512) 59% vs 50%;
+  //    bf16 (65536, 768) 45% vs 39%; (4096, 4096) 70% vs 52% fp32, 45% vs 35% bf16.
+  if (p.L > 1024 && elem_bytes <= 4) {
+    const int64_t cw = 512 / elem_bytes;  // channels of a tile: 32 lanes x 16 bytes (StageCfg<T>::CW)
+    const int64_t chains = p.outer * ((p.inner + cw - 1) / cw);
+    return chains > 2 ? kStridedPipe : kStridedStage;
+  }
   if (elem_bytes == 2 || (elem_bytes == 4 && p.L <= 1024)) return kStridedStage;
   return kLookbackRegs;
 }

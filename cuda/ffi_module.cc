@@ -170,13 +170,16 @@ NB_MODULE(_cuda, m) {
     return d;
   });
   // Test hooks: the resolved algorithm and the scratch size for a shape (no GPU needed).
-  m.def("resolve_algorithm", [](int64_t outer, int64_t L, int64_t inner) {
-    jss::ScanProblem p;
-    p.outer = outer;
-    p.L = L;
-    p.inner = inner;
-    return jss::resolve_algorithm(p);
-  });
+  m.def(
+      "resolve_algorithm",
+      [](int64_t outer, int64_t L, int64_t inner, int elem_bytes) {
+        jss::ScanProblem p;
+        p.outer = outer;
+        p.L = L;
+        p.inner = inner;
+        return jss::resolve_algorithm(p, elem_bytes);
+      },
+      nb::arg("outer"), nb::arg("L"), nb::arg("inner"), nb::arg("elem_bytes") = 4);
   // Bytes the scratch result of one call must hold (before kScratchAlign is added), for the
   // (outer, L, inner) view that Run builds. Depends on shape, dtype and algorithm only (no
   // device query), and on the operands' 16-byte alignment (strided_stage needs 16-byte

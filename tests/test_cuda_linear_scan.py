@@ -96,8 +96,10 @@ SHAPES = [
     ((600, 37), 1),        # >= 512 rows, L not a multiple of the vector width: row_walk scalars
     ((2, 700, 264), 1),    # strided, 16-byte vectors for every dtype: auto runs strided_stage
                            # (11 chunks of 64 steps, a partial channel tile)
-    ((1500, 264), 0),      # strided, L > 1024: auto runs strided_pipe for float32 / bfloat16 /
-                           # float16 (24 chunks, a partial last chunk and channel tile)
+    ((1500, 264), 0),      # strided, L > 1024 (24 chunks, a partial last chunk and channel
+                           # tile): auto runs strided_pipe for float32 (3 channel tiles),
+                           # strided_stage for bfloat16 / float16 (2 tiles of 256)
+    ((1500, 520), 0),      # the same with 3 tiles of 16-bit channels: strided_pipe for all
 ]
 
 
@@ -164,13 +166,30 @@ def test_few_long_rows(dtype, reverse):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_strided_pipe_long_chains(dtype, reverse):
-    """Strided scans with long chains (auto: strided_pipe): 313 chunks of 64 steps on 3
+    """Strided scans with long chains (auto: strided_pipe): 313 chunks of 64 steps on 3-5
     channel tiles, more tiles than the persistent grid holds, so every block's ring wraps
     around many times and the look-backs reach back several windows; h0, a_prod, an outer
     dimension; and channels that are not a multiple of the 16-byte vector (the fallback)."""
     jdt, tol = DTYPES[dtype]
-    for shape, axis in [((20001, 264), 0), ((2, 3000, 136), 1), ((5000, 130), 0)]:
+    for shape, axis in [((20001, 520), 0), ((3, 3000, 136), 1), ((5000, 130), 0)]:
         a, b, h0 = make(shape, axis, jdt, seed=hash((dtype, reverse, shape)) % 2**32)
+        h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
+                                                    return_a_prod=True))(a, b, h0)
+        rh, rp = reference(a, b, h0, axis, reverse)
+        assert rel_err(h, rh) < tol, (shape, "h", rel_err(h, rh))
+        assert rel_err(p, rp) < tol, (shape, "a_prod", rel_err(p, rp))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_strided_stage_few_long_chains(dtype, reverse):
+    """Long strided scans on at most 2 channel tiles (auto: strided_stage, which beats the
+    pipeline there): 313 chunks of 64 steps on 1-2 tiles, one with an outer dimension and a
+    partial tile; h0 and a_prod."""
+    jdt, tol = DTYPES[dtype]
+    for shape, axis in [((20001, 256), 0), ((2, 5000, 120), 1)]:
+        a, b, h0 = make(shape, axis, jdt, seed=hash((dtype, reverse, shape, "stage")) % 2**32)
         h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
                                                     return_a_prod=True))(a, b, h0)
         rh, rp = reference(a, b, h0, axis, reverse)
@@ -216,6 +235,8 @@ def test_auto_runs_the_pipelines():
     assert _cuda.launched_algorithm("float16", 64, 1 << 20, 1) == 13
     assert _cuda.launched_algorithm("float32", 1, 4096, 24576) == 12  # kStridedPipe
     assert _cuda.launched_algorithm("bfloat16", 1, 4096, 24576) == 12
+    assert _cuda.launched_algorithm("float32", 1, 65536, 256) == 9  # kStridedStage: 2 tiles
+    assert _cuda.launched_algorithm("bfloat16", 1, 65536, 512) == 9
     assert _cuda.launched_algorithm("float64", 1, 1 << 26, 1) == 11  # kRowStage: no pipeline
 
 
@@ -375,6 +396,22 @@ def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
 
 
 @needs_extension
+def test_auto_rule_for_long_strided_scans():
+    """"auto" for strided axes longer than 1024 steps (no GPU needed): strided_pipe from 3
+    chains of channel tiles (outer x tiles of 128 fp32 / 256 16-bit channels), strided_stage
+    for 1-2 chains (measured faster there, cuda/dispatch.cc); 8-byte types lookback_regs."""
+    from jax_selscan import _cuda
+    PIPE, STAGE, REGS = 12, 9, 5  # cuda/linear_scan.h
+    r = _cuda.resolve_algorithm
+    assert r(1, 65536, 256) == STAGE and r(1, 65536, 257) == PIPE  # fp32: 2 tiles / 3 tiles
+    assert r(2, 5000, 128) == STAGE and r(3, 5000, 128) == PIPE  # outer rows count as chains
+    assert r(1, 65536, 512, elem_bytes=2) == STAGE and r(1, 65536, 513, elem_bytes=2) == PIPE
+    assert r(1, 4096, 24576) == PIPE and r(1, 4096, 24576, elem_bytes=2) == PIPE
+    assert r(1, 1024, 256) == STAGE and r(1, 1024, 24576) == STAGE  # L <= 1024: as before
+    assert r(1, 65536, 256, elem_bytes=8) == REGS and r(1, 65536, 4096, elem_bytes=8) == REGS
+
+
+@needs_extension
 def test_cuda_scratch_sizes():
     from jax_selscan import _cuda
     q = _cuda.linear_scan_scratch_bytes
@@ -387,7 +424,7 @@ def test_cuda_scratch_sizes():
     assert q("float32", 1, 1 << 20, 1, False, 3) > q("float32", 1, 1 << 16, 1, False, 3) > 0
     # strided, L > 1024 (auto: strided_pipe): one 16-byte status word per channel and 64-step tile
     assert q("float32", 1, 3000, 512, False, 0) >= 16 * 512 * -(-3000 // 64)
-    assert q("bfloat16", 1, 3000, 512, False, 0) >= 16 * 512 * -(-3000 // 64)
+    assert q("bfloat16", 1, 3000, 1024, False, 0) >= 16 * 1024 * -(-3000 // 64)
     # few long fp32 rows (auto: row_pipe): one 16-byte status word per 8192-element tile
     assert _cuda.resolve_algorithm(1, 1 << 26, 1) == 13  # kRowPipe (cuda/linear_scan.h)
     assert _cuda.resolve_algorithm(1024, 1 << 16, 1) == 7  # kRowWalk from 1024 rows

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -379,6 +380,24 @@ int main(int argc, char** argv) {
     shapes = {{"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024},
               {"(16384, 4096) ax0", 1, 16384, 4096},  {"(1024, 1024) ax0", 1, 1024, 1024},
               {"(2048, 32, 1024) ax1", 2048, 32, 1024}};
+  // VB_SHAPES="outer:L:inner,..." replaces the set (a strided (L, C) axis 0 is 1:L:C; rows x L is rows:L:1)
+  if (const char* e = std::getenv("VB_SHAPES")) {
+    static std::deque<std::string> names;  // Shape keeps a pointer to its name: no reallocation
+    shapes.clear();
+    for (std::string rest = e; !rest.empty();) {
+      const size_t cut = rest.find(',');
+      const std::string one = rest.substr(0, cut);
+      rest = cut == std::string::npos ? "" : rest.substr(cut + 1);
+      long long o = 0, l = 0, i = 0;
+      if (std::sscanf(one.c_str(), "%lld:%lld:%lld", &o, &l, &i) != 3 || o < 1 || l < 1 || i < 1) {
+        std::fprintf(stderr, "VB_SHAPES: '%s' is not outer:L:inner\n", one.c_str());
+        return 2;
+      }
+      names.push_back(i > 1 ? "(" + std::to_string(l) + ", " + std::to_string(i) + ") ax0"
+                            : std::to_string(o) + " x " + std::to_string(l));
+      shapes.push_back({names.back().c_str(), o, l, i});
+    }
+  }
   if (ncu) shapes = {{"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024}};
   if (ncu && std::getenv("VB_ROWS")) shapes = {{"256 x 65536", 256, 65536, 1}};
   if (ncu && std::getenv("VB_NCU_LONG_ROW")) shapes = {{"1 x 2^26", 1, 1 << 26, 1}};
