@@ -12,8 +12,9 @@ the waiting threads' wake-up from idle is what costs). Shape (8, 1536, 2048, 16)
 
     python3 -P benchmarks/jax_sync_overhead.py [--parts 1,2,3] [--spinners K]   (GPU machine)
 
-Results: benchmarks/results/jax_sync_overhead_h200_2026-11-30.txt; discussed in
-docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md section 7.4."""
+Results: benchmarks/results/jax_sync_overhead_h200_2026-11-30.txt (parts 1-2) and
+..._2026-12-03_session23.txt (part 3); discussed in docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md
+sections 7.4 and 19.3."""
 import argparse
 import os
 import statistics
