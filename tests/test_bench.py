@@ -49,6 +49,7 @@ def test_quick_json_metadata(quick):
     assert "jax_selscan.bench" in res["command"] and "--quick" in res["command"]
     if res["machine"]["backend"] == "cpu":
         assert "not a CUDA backend" in res["mamba_ssm_skipped"]
+    assert res["timing"] == ("synchronised" if m["backend"] == "cpu" else "pipelined")
 
 
 def test_quick_json_measurements(quick):
@@ -122,3 +123,21 @@ def test_tables_survive_missing_measurements():
     buf = io.StringIO()
     bench.print_tables(res, file=buf)
     assert "RESOURCE_EXHAUSTED" in buf.getvalue()
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_median_time_counts_calls(pipeline, monkeypatch):
+    """Per-call seconds: a pipelined measurement divides by the calls it issued (a fake clock
+    advancing 1 s per call makes every measurement exactly 1 s a call)."""
+    clock = {"t": 0.0, "calls": 0}
+
+    def fn(x):
+        clock["t"] += 1.0
+        clock["calls"] += 1
+        return x
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(bench, "PIPE_S", 5.0)  # 5 calls a measurement (1 s each)
+    assert bench.median_time(fn, 1.0, repeats=3, pipeline=pipeline) == 1.0
+    per_measurement = 5 if pipeline else 1
+    assert clock["calls"] == 1 + pipeline + 3 * per_measurement
