@@ -83,12 +83,14 @@ struct SsBwdTable {
 };
 
 // Scratch floats of one task (a multiple of 16): the checkpoints ([blocks][dstate]
-// [lanes], one per block of `lanes` steps), one block's dA and states, three
-// [length][lanes] accumulators, and small per-block buffers. `split`: an L-split piece,
-// whose checkpoints and accumulators are the task's (SsBwdTask::ckbuf, sums).
-inline int64_t ss_bwd_work_floats(int64_t lanes, int64_t dstate, int64_t length, bool split = false) {
+// [lanes], one per block of `lanes` steps), one block's dA and states, for a bidirectional
+// call three [length][lanes] sums (the reverse half's, for the forward half), and small
+// per-block buffers. `split`: an L-split piece, whose checkpoints and sums are the task's
+// (SsBwdTask::ckbuf, sums).
+inline int64_t ss_bwd_work_floats(int64_t lanes, int64_t dstate, int64_t length, bool split,
+                                  bool bidi) {
   const int64_t blocks = split ? 0 : (length + lanes - 1) / lanes;
-  const int64_t sums = split ? 0 : 3 * length * lanes;
+  const int64_t sums = split || !bidi ? 0 : 3 * length * lanes;
   const int64_t np = (dstate + lanes - 1) / lanes * lanes;
   return (blocks * dstate * lanes + 2 * lanes * dstate * lanes + sums +
           13 * dstate * lanes + 2 * np * lanes + 12 * lanes * lanes + 64 * 16 + 15) / 16 * 16;

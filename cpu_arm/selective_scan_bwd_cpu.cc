@@ -54,7 +54,7 @@ void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor
   const int64_t slots = kp * ndirs * 2;
   std::vector<float> sA(slots * NW), sB(p.b_var ? 0 : slots * NW), sC(p.c_var ? 0 : slots * NW),
       sD(slots * lanes), sbias(slots * lanes);
-  const int64_t work_floats = ss_bwd_work_floats(lanes, N, L, true);
+  const int64_t work_floats = ss_bwd_work_floats(lanes, N, L, true, false);
   for (int64_t di = 0; di < ndirs; ++di) {
     const bool reverse = dirs[di] == SsDirection::kReverse;
     auto run_item = [&](int64_t task, int64_t piece, int phase) {
@@ -202,7 +202,8 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
   if (split) {
     run_split(q, table, executor, tasks, pieces, task_at, pA.get(), pB.get(), pC.get(), pD.get(), pbias.get());
   } else {
-    const int64_t work_floats = ss_bwd_work_floats(lanes, N, L);
+    const int64_t work_floats =
+        ss_bwd_work_floats(lanes, N, L, false, p.direction == SsDirection::kBidirectional);
     const int64_t workers = std::min<int64_t>(threads, var ? items : tasks);
     std::atomic<int64_t> next{0};
     auto run_task = [&](int64_t i, int64_t item, bool accumulate, float* work) {

@@ -272,6 +272,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
 #pragma unroll
       for (int m = 0; m < VPT; ++m) {
         ru[m].zero(); rd[m].zero(); rz[m].zero();
+        if constexpr (AddY) ry[m].zero();  // (a dead row's are masked in stage_tile anyway)
         if (voff[m] < 0) continue;
         const int64_t o = voff[m] + t0;
         ru[m].load4(u, o);

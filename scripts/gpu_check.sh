@@ -13,7 +13,7 @@
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
 #   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
-#    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), SAN_ONLY=row_rounds (sanitize one kernel), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
+#    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), SAN_ONLY=row_rounds (sanitize one kernel), SAN_TOOLS / SS_SAN_TOOLS="initcheck" (other sanitizer tools), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # sharded_gpu (tests/test_sharded.py on 4 GPUs), sync_overhead (how the host waits for a call).
 # Also: lds (shared-load wavefronts by lane pattern, cuda/tools/lds_wavefronts.cu),
@@ -141,7 +141,7 @@ fi
 has driver && step driver ${DRIVER_LIMIT:-240} "$DRV" check ${CHECK_ONLY:-}
 has determinism && step determinism 240 "$DRV" determinism 500 ${DET_FILTER:-}
 if has sanitize; then
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
     TAIL=6 step "sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$DRV" tiny ${SAN_ONLY:-}
   done
 fi
