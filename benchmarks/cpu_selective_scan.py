@@ -145,11 +145,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_selective_scan"))
+    ap.add_argument("--shapes", default=None,
+                    help='a subset, e.g. "1,1536,2048,16;8,768,1024,16" (batch, D, L, N)')
     args = ap.parse_args()
     if not _ffi.HAS_CPU:
         sys.exit("the CPU extension is not built")
     from jax_selscan import _cpu
     shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in sh.split(",")) for sh in args.shapes.split(";")]
     rows = []
     for shape in shapes:
         x = make(shape)

@@ -21,7 +21,7 @@
 # events; VB_ENV="VB_ROWS=1" picks the shape set), variants_ab (prebuilt benches in turn: VB_AB), main_bench (python -m jax_selscan.bench
 # and examples/lru_drop_in.py, the README's plot), cpu_bench (the CPU selective-scan
 # benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON;
-# CPU_SCALING=0 skips the curve; JSS_CUDA=OFF builds the CPU extension alone).
+# CPU_SCALING=0 skips the curve; CPU_BENCH_ARGS="--shapes ..." a subset; JSS_CUDA=OFF builds the CPU extension alone).
 # Each stage has its own time limit so that a hang cannot eat the whole call.
 # Only a few files come back from the device: the stage logs go to $LOGS and are joined
 # into $OUT/stages.log at the end; the benchmark writes its JSON / Markdown into $OUT.
@@ -242,7 +242,7 @@ if has main_bench; then
   TAIL=12 step lru_drop_in 120 $PY -P examples/lru_drop_in.py
 fi
 if has cpu_bench; then  # CPU only (JAX_PLATFORMS=cpu): the 16 host cores
-  JAX_PLATFORMS=cpu TAIL=30 step cpu_bench 300 $PY -P benchmarks/cpu_selective_scan.py --out "$OUT/cpu_selective_scan_host"
+  JAX_PLATFORMS=cpu TAIL=30 step cpu_bench 300 $PY -P benchmarks/cpu_selective_scan.py --out "$OUT/cpu_selective_scan_host" ${CPU_BENCH_ARGS:-}
   [[ "${CPU_SCALING:-1}" == 1 ]] && JAX_PLATFORMS=cpu TAIL=30 step cpu_scaling 300 $PY -P \
     benchmarks/cpu_selective_scan_scaling.py --out "$OUT/cpu_selective_scan_scaling_host"
 fi
