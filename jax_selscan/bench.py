@@ -138,9 +138,18 @@ def scoped_env(env, clear=()):
 # Pipelined timing (accelerators): each measurement issues calls back to back and synchronises
 # once, so that dispatch and the host's wake-up from the final wait (150-560 us a call on the
 # H200, docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md section 19.3) hide behind the device's work. About
-# this long per measurement, in at most this many calls (queued outputs stay allocated).
+# this long per measurement, in at most this many calls, whose outputs (allocated until the
+# calls have run) take at most an eighth of the device's memory (2 GiB where it is not known).
 PIPE_S = 0.02
 PIPE_MAX_CALLS = 100
+
+
+def _pipe_max_bytes():
+    try:
+        limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+    except Exception:  # noqa: BLE001 -- backends without memory statistics
+        limit = None
+    return limit // 8 if limit else 2 << 30
 
 
 def median_time(fn, *args, repeats, min_time=0.0, pipeline=False):
@@ -152,8 +161,11 @@ def median_time(fn, *args, repeats, min_time=0.0, pipeline=False):
     calls = 1
     if pipeline:
         t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        calls = int(min(PIPE_MAX_CALLS, max(1, PIPE_S / max(time.perf_counter() - t0, 1e-6))))
+        out = jax.block_until_ready(fn(*args))
+        out_bytes = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(out))
+        calls = int(min(PIPE_MAX_CALLS, _pipe_max_bytes() // max(out_bytes, 1),
+                        PIPE_S / max(time.perf_counter() - t0, 1e-6)))
+        calls = max(1, calls)
     times = []
     start = time.perf_counter()
     while len(times) < repeats or (time.perf_counter() - start < min_time and len(times) < 1000):

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import jax_selscan
@@ -141,3 +142,20 @@ def test_median_time_counts_calls(pipeline, monkeypatch):
     assert bench.median_time(fn, 1.0, repeats=3, pipeline=pipeline) == 1.0
     per_measurement = 5 if pipeline else 1
     assert clock["calls"] == 1 + pipeline + 3 * per_measurement
+
+
+def test_median_time_caps_queued_output_bytes(monkeypatch):
+    """A pipelined measurement queues no more calls than _pipe_max_bytes() of outputs allow."""
+    clock = {"t": 0.0, "calls": 0}
+    out = np.zeros(1000, np.float32)                      # 4000 bytes a call
+
+    def fn(x):
+        clock["t"] += 1.0
+        clock["calls"] += 1
+        return out
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(bench, "PIPE_S", 50.0)            # would be 50 calls a measurement
+    monkeypatch.setattr(bench, "_pipe_max_bytes", lambda: 12000)  # 3 outputs
+    assert bench.median_time(fn, 1.0, repeats=2, pipeline=True) == 1.0
+    assert clock["calls"] == 2 + 2 * 3
