@@ -75,21 +75,11 @@ def lax_scan_forward(u, delta, A, B, C, D, z, delta_bias):
     return y * jax.nn.silu(z)
 
 
-def timeit(fn, x, repeats):
-    jax.block_until_ready(fn(x))                 # compile + warm-up
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3, ts
-
-
 def timeit_rounds(fns, x, repeats):
     """Each fn once per round, in turn, `repeats` rounds after a warm-up of each: a slow spell
     of a shared machine falls on all of them alike. Returns (medians ms, per-round seconds)."""
     for f in fns:
-        jax.block_until_ready(f(x))
+        jax.block_until_ready(f(x))                # compile + warm-up
     ts = [[] for _ in fns]
     for _ in range(repeats):
         for f, t_list in zip(fns, ts):
@@ -97,6 +87,11 @@ def timeit_rounds(fns, x, repeats):
             jax.block_until_ready(f(x))
             t_list.append(time.perf_counter() - t)
     return [statistics.median(t) * 1e3 for t in ts], ts
+
+
+def timeit(fn, x, repeats):
+    (ms,), (ts,) = timeit_rounds([fn], x, repeats)
+    return ms, ts
 
 
 def fwd_bwd(f):
@@ -232,7 +227,7 @@ def markdown(res):
         out.append(f"| {s['batch']}, {s['D']}, {s['L']}, {s['N']} | {r['kernel_forward_ms']:.1f} | "
                    f"{r['kernel_reverse_ms']:.1f} | {r['kernel_bidirectional_ms']:.1f} | "
                    f"{r['kernel_two_calls_ms']:.1f} | {r['fused_speedup_vs_two_calls']:.2f}x | "
-                   f"{r.get('fused_speedup_per_round', float('nan')):.2f}x | "
+                   f"{r['fused_speedup_per_round']:.2f}x | "
                    f"{r['lax_scan_forward_ms']:.0f} | {r['speedup_vs_lax_scan']:.1f}x | {ref} | {sp} | "
                    f"{r['kernel_fwd_bwd_ms']:.1f} | {r['lax_scan_fwd_bwd_ms']:.0f} | "
                    f"{r['fwd_bwd_speedup_vs_lax_scan']:.1f}x |")

@@ -163,9 +163,8 @@ def median_time(fn, *args, repeats, min_time=0.0, pipeline=False):
         t0 = time.perf_counter()
         out = jax.block_until_ready(fn(*args))
         out_bytes = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(out))
-        calls = int(min(PIPE_MAX_CALLS, _pipe_max_bytes() // max(out_bytes, 1),
-                        PIPE_S / max(time.perf_counter() - t0, 1e-6)))
-        calls = max(1, calls)
+        calls = max(1, int(min(PIPE_MAX_CALLS, _pipe_max_bytes() // max(out_bytes, 1),
+                               PIPE_S / max(time.perf_counter() - t0, 1e-6))))
     times = []
     start = time.perf_counter()
     while len(times) < repeats or (time.perf_counter() - start < min_time and len(times) < 1000):
