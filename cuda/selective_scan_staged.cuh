@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "selective_scan_kernels.cuh"
 
@@ -190,7 +191,10 @@ __host__ __device__ constexpr int staged_min_blocks(int P, int NS) {
 //              directions' kernels).
 enum YBuf { kYbNone = 0, kYbWrite = 1, kYbAdd = 2 };
 
-template <class T, int P, int NS, int YB>
+// REV: the walk's direction (a.rev), a template parameter so that the tile's shared-memory slots
+// (TileMap::slot) are compile-time offsets: with it a runtime flag, each staged and each written
+// element recomputed its address with a select (notes 21.5).
+template <class T, int P, int NS, int YB, bool REV>
 __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_staged_kernel(FwdArgs a) {
   constexpr int NT = kSRows * P;
   constexpr int NP = P * NS;
@@ -207,7 +211,8 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   const int64_t nrb = (Dm + kSRows - 1) / kSRows;
   const int64_t b = blockIdx.x / nrb, d0 = (blockIdx.x % nrb) * kSRows;
   const int tid = threadIdx.x;
-  const bool rev = a.rev, vec = (L & 3) == 0;
+  constexpr bool rev = REV;
+  const bool vec = (L & 3) == 0;
   const int mode = a.mode;
   const bool outputs = mode != kCheckpoint && mode != kChunkEnd;  // y, out, z and C
   const T* u = static_cast<const T*>(p.u);
@@ -520,8 +525,12 @@ cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const size_t smem = staged_smem_bytes(P * NS);
-  auto kern = a.mode == kAddY ? fwd_staged_kernel<T, P, NS, kYbAdd>
-              : a.mode == kRawY ? fwd_staged_kernel<T, P, NS, kYbWrite> : fwd_staged_kernel<T, P, NS, kYbNone>;
+  auto pick = [&](auto rev) {
+    constexpr bool R = decltype(rev)::value;
+    return a.mode == kAddY ? fwd_staged_kernel<T, P, NS, kYbAdd, R>
+           : a.mode == kRawY ? fwd_staged_kernel<T, P, NS, kYbWrite, R> : fwd_staged_kernel<T, P, NS, kYbNone, R>;
+  };
+  auto kern = a.rev ? pick(std::true_type{}) : pick(std::false_type{});
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
@@ -545,9 +554,9 @@ int staged_blocks_per_sm() {
   static const int n = [] {
     // The occupancy query counts dynamic shared memory above 48 KB only once allowed.
     const int smem = static_cast<int>(staged_smem_bytes(P * NS));
-    cudaFuncSetAttribute(fwd_staged_kernel<T, P, NS, kYbNone>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaFuncSetAttribute(fwd_staged_kernel<T, P, NS, kYbNone, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     int k = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&k, fwd_staged_kernel<T, P, NS, kYbNone>, kSRows * P,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&k, fwd_staged_kernel<T, P, NS, kYbNone, false>, kSRows * P,
                                                             smem, cudaOccupancyDisableCachingOverride);
     return k;
   }();
