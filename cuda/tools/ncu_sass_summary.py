@@ -11,6 +11,11 @@ selective-scan profiles of docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md (sections 6 a
     ncu --import fwd.ncu-rep --page source --csv --print-source sass | gzip > fwd_sass.csv.gz
     python3 cuda/tools/ncu_sass_summary.py fwd_sass.csv.gz --list 20
 
+--disasm F --function NAME attributes the table to source lines: F is `nvdisasm -c -gi` of a local
+build with the same flags and -lineinfo (the wheel has no line info; the opcodes must match one
+for one, which is checked), NAME the mangled kernel; --per N divides the counts by N (e.g. the
+warp-tiles of a loop level) and --source-lines K shows the K busiest lines (notes 21.1).
+
 --reasons splits each level's stall samples by reason (`no_instruction`: an instruction-cache
 miss; PERFORMANCE_CUDA.md 13.2), and --opcodes N lists the N most executed opcodes, per element
 when --elements gives the problem's element count (13.6).
@@ -19,6 +24,7 @@ import argparse
 import collections
 import csv
 import gzip
+import re
 
 
 def main():
@@ -29,6 +35,10 @@ def main():
     ap.add_argument("--reasons", action="store_true", help="each level's stall samples by reason")
     ap.add_argument("--opcodes", type=int, default=0, help="most executed opcodes to show")
     ap.add_argument("--elements", type=float, default=0, help="elements of the problem (opcodes per 32)")
+    ap.add_argument("--disasm", help="nvdisasm -c -gi output of the same code, with line info")
+    ap.add_argument("--function", help="the kernel's mangled name in --disasm")
+    ap.add_argument("--per", type=float, default=1.0, help="divide the per-line counts by this")
+    ap.add_argument("--source-lines", type=int, default=25, help="busiest source lines to show")
     args = ap.parse_args()
     opener = gzip.open if args.csv.endswith(".gz") else open
     with opener(args.csv, "rt") as f:
@@ -68,6 +78,8 @@ def main():
         for e, _ in ranked:
             c = by_level[e]
             print(f"{e:>16,}: " + ", ".join(f"{k} {v / tot_s:.1%}" for k, v in c.most_common(5)))
+    if args.disasm:
+        by_line(data, execd, stall, tot_s, col["Source"], args)
     if args.opcodes:
         ops = collections.Counter()
         for e, r in zip(execd, data):
@@ -79,6 +91,54 @@ def main():
         print(f"opcodes ({unit}):")
         for k, v in ops.most_common(args.opcodes):
             print(f"  {k:32s} {v / per:8.3f}" if args.elements else f"  {k:32s} {v / per:8.1%}")
+
+
+def disasm_lines(path, function):
+    """[(opcode, (file, line))] of one kernel in `nvdisasm -c -gi` output."""
+    out, cur, inside = [], None, False
+    for line in open(path):
+        if re.match(r"^[.\w$]+:\s*$", line):  # a label: the function's own, or a local one
+            name = line.strip()[:-1]
+            if name == function:
+                inside = True
+            elif inside and name.startswith("_Z"):
+                break
+            continue
+        if not inside:
+            continue
+        m = re.match(r'\s*//## File "(.*)", line (\d+)', line)
+        if m:
+            cur = (m.group(1).rsplit("/", 1)[-1], int(m.group(2)))
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)
+        if m:
+            out.append((opcode(m.group(1)), cur))
+    return out
+
+
+def opcode(text):
+    words = [w for w in text.split() if not w.startswith("@")]
+    return words[0] if words else ""
+
+
+def by_line(data, execd, stall, tot_s, src_col, args):
+    lines = disasm_lines(args.disasm, args.function)
+    if len(lines) != len(data):
+        raise SystemExit(f"--disasm has {len(lines)} instructions for {args.function}, the table {len(data)}")
+    bad = sum(op != opcode(r[src_col]) for (op, _), r in zip(lines, data))
+    if bad:
+        raise SystemExit(f"{bad} opcodes differ between --disasm and the table: not the same code")
+    per = collections.defaultdict(lambda: [0.0, 0, collections.Counter()])
+    for (op, where), e, st in zip(lines, execd, stall):
+        acc = per[where]
+        acc[0] += e / args.per
+        acc[1] += st
+        acc[2][op.split(".")[0]] += e / args.per
+    print(f"source lines (instructions per {args.per:g} executions, share of the stall samples):")
+    for where, (n, st, ops) in sorted(per.items(), key=lambda kv: -kv[1][0])[:args.source_lines]:
+        f, ln = where if where else ("?", 0)
+        top = " ".join(f"{k}:{v:.0f}" for k, v in ops.most_common(5))
+        print(f"  {n:8.1f} {st / tot_s:6.1%}  {f}:{ln:<5} {top}")
 
 
 if __name__ == "__main__":
