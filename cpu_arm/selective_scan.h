@@ -211,6 +211,19 @@ inline void scatter_block(void* p, SsType ty, int64_t base, int64_t stride, int 
     for (int r = 0; r < nch; ++r) st1(p, ty, base + r * stride + t0 + tb, buf[tb * W + r]);
 }
 
+// Prefetch of the rows' elements at time t (the line holding them) for r < nch. The blocks'
+// reads go down nch rows at once, which the hardware prefetchers follow only for some
+// relative alignments of u, delta, z and out (notes PERFORMANCE_CPU, session 25).
+inline void prefetch_rows(const void* p, SsType ty, int64_t base, int64_t stride, int nch, int64_t t,
+                          bool write) {
+  const int64_t esize = ty == SsType::kF32 ? 4 : 2;
+  const char* q = static_cast<const char*>(p) + (base + t) * esize;
+  for (int r = 0; r < nch; ++r, q += stride * esize) {
+    if (write) __builtin_prefetch(q, 1);
+    else __builtin_prefetch(q, 0);
+  }
+}
+
 // Per-task state and scratch (all inside SsTask::work).
 struct Ctx {
   const SsParams* p;
@@ -301,6 +314,8 @@ inline void finish_block(const Ctx& c, int64_t t0, int nt, bool to_yr, bool add_
 // at most 2^-30 |C| |h_in| in y. (Waiting for P to reach 0 does not work: with
 // dA > 1/2 the product sticks at the smallest subnormal, 2^-149 * dA rounding back.)
 constexpr float kSsCarryDrop = 9.3132257e-10f;  // 2^-30
+// How far ahead (steps, in scan order) pass() prefetches the rows: two blocks of 16 steps.
+constexpr int64_t kSsPrefetchSteps = 32;
 
 // Scan-order blocks [bi0, bi1) (-1: all). TRACK (L split, phase 1): also keep dA's
 // running product in c.Ps and return after the first block at whose end it is
@@ -327,6 +342,15 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
       for (int r = 0; r < c.nch; ++r) {
         float* dst = c.ck + r * c.p->ckpt_row + blk * N;
         for (int64_t n = 0; n < N; ++n) dst[n] = c.hs[n * W + r];
+      }
+    }
+    if (const int64_t tp = t0 + (reverse ? -kSsPrefetchSteps : kSsPrefetchSteps); tp >= 0 && tp < c.L) {
+      const SsParams& p = *c.p;
+      prefetch_rows(p.delta, p.delta_t, c.row0, c.L, c.nch, tp, false);
+      prefetch_rows(p.u, p.u_t, c.row0, c.L, c.nch, tp, false);
+      if (!to_yr) {
+        if (p.z != nullptr) prefetch_rows(p.z, p.z_t, c.row0, c.L, c.nch, tp, false);
+        prefetch_rows(p.out, p.out_t, c.row0, c.L, c.nch, tp, true);
       }
     }
     prepare<BVAR, CVAR>(c, t0, nt);

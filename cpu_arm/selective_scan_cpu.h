@@ -19,11 +19,14 @@ const SsTable* select_ss_table(std::string* error);
 // Runs one call. Tasks are (batch row, tile of `lanes` channels of one group);
 // they are spread over the executor's threads, each thread reusing one
 // workspace. Bidirectional calls keep exp(delta A) of a task in a buffer of
-// length * dstate * lanes floats when that is at most kSsMaxDABytes (it must stay
-// in L2 (and then some) to beat recomputing: on Zen 4, one core, D 128, N 16, the fused call
-// was 1.14x of two calls at L 128 (128 KiB), 0.97x at L 256, and a 2 MiB buffer made it
-// 0.9x of two calls); the environment variable JAX_SELSCAN_SS_DA_BYTES overrides it.
+// length * dstate * lanes floats when that is at most ss_default_da_bytes(): kSsMaxDABytes,
+// or on Intel x86 half the L2 if that is more. The buffer must stay in L2 (and then some) to
+// beat recomputing: on Zen 4 (1 MiB L2), one core, D 128, N 16, the fused call was 1.14x of two
+// calls at L 128 (128 KiB), 0.97x at L 256, 0.9x with 2 MiB; on an Intel core with 2 MiB of L2,
+// 1.29x at 512 KiB, 1.24x at 1 MiB, 0.63x at 2 MiB (PERFORMANCE_CPU, session 25). The
+// environment variable JAX_SELSCAN_SS_DA_BYTES overrides it.
 constexpr int64_t kSsMaxDABytes = int64_t(128) << 10;
+int64_t ss_default_da_bytes();
 // With fewer tasks than threads each task's sequence is split into pieces of at
 // least this many steps, one per thread (JAX_SELSCAN_SS_PIECE_STEPS overrides it,
 // for tests). The split changes results by float rounding only (see SsTask).

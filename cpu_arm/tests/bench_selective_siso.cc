@@ -69,7 +69,7 @@ int main() {
   // One core, Mamba-like tile: batch 1, D 128, L 2048, N 16 (B, C variable, softplus):
   // forward, reverse and the fused bidirectional call (same kernel as the JAX path).
   {
-    const int64_t D = 128, N = 16;
+    const int64_t D = std::getenv("TILE_D") ? std::atoll(std::getenv("TILE_D")) : 128, N = 16;
     const int64_t L2 = std::getenv("TILE_L") ? std::atoll(std::getenv("TILE_L")) : 2048;
     std::vector<float> u2(D * L2), d2(D * L2), A2(D * N), B2(N * L2), C2(N * L2), o2(D * L2);
     for (auto& v : u2) v = nd(g);
@@ -83,6 +83,15 @@ int main() {
     q.delta_softplus = true;
     q.batch = 1; q.dim = D; q.dstate = N; q.length = L2; q.b_groups = 1; q.c_groups = 1;
     q.out = o2.data();
+    // TILE_Z=1: with z and D too (the Mamba call: four (D, L) arrays; notes PERFORMANCE_CPU,
+    // session 25: at power-of-two L the forward slowed by ~1.45x through JAX then).
+    std::vector<float> z2, D2;
+    if (std::getenv("TILE_Z") && std::getenv("TILE_Z")[0] == '1') {
+      z2.resize(D * L2); D2.resize(D);
+      for (auto& v : z2) v = nd(g);
+      for (auto& v : D2) v = nd(g);
+      q.z = z2.data(); q.D = D2.data();
+    }
     double ms[3];
     for (int dir = 0; dir < 3; ++dir) {
       q.direction = static_cast<SsDirection>(dir);
