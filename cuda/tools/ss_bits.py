@@ -8,7 +8,7 @@ wheel installed and diff the two outputs (PERFORMANCE_SELECTIVE_SCAN_CUDA 11).
 One line per (shape, dtype, direction; bidirectional runs the reverse walk too): a SHA-256 of
 the forward's output and last state and of the gradients of u, delta, A, B, C, D, z and
 delta_bias. The shapes cover every lane geometry of the staged kernels
-(tests/test_cuda_selective_scan.py, STAGED_CASES) and the main shape.
+(tests/test_cuda_selective_scan.py, STAGED_CASES), the main shape and a few-row shape whose forward and backward split along L.
 """
 import hashlib
 
@@ -19,7 +19,7 @@ import numpy as np
 import jax_selscan as js
 
 SHAPES = [(2, 64, 77, 16), (2, 4224, 40, 16), (1, 32, 29, 20), (1, 33, 50, 64), (1, 32, 35, 128),
-          (8, 1536, 2048, 16)]
+          (8, 1536, 2048, 16), (1, 256, 4096, 16)]  # the last: 8 row blocks, split along L
 
 
 def digest(*arrays):
