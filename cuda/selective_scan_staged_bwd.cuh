@@ -422,12 +422,120 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   }
 }
 
+// Phase A of the L split (a.chunk_end) as a kernel of its own: per sub-chunk of tiles, the
+// adjoint alone from zero, g[t] = exp(dt[t] A) (C[t] dy[t] + g[t+1]), and the sum of dt, for
+// chunk_carry. It needs only dt and dy = dout * gate per element and C per step, so it stages
+// those alone (no u, no B, no backward terms), in 10.6 KiB of shared memory and few registers,
+// where the backward's kernel ran it at that kernel's 168 registers and 57.6 KiB (3 blocks per
+// SM). Same block geometry, tile order and arithmetic as that kernel's phase-A walk, so the
+// carries are bitwise those it gave (PERFORMANCE_SELECTIVE_SCAN_CUDA 22.5).
+__host__ __device__ constexpr int sbwd_a_floats(int NP) { return kSRows * kSX * 2 + kST * NP + kSRows; }
+
+template <class T, int P, int NS>
+__global__ void __launch_bounds__(kSRows * P, 6) bwd_staged_phase_a_kernel(BwdArgs a) {
+  constexpr int NT = kSRows * P;
+  constexpr int NP = P * NS;
+  constexpr int VPT = (kSVec + NT - 1) / NT;
+  constexpr int CV = NP * kST / 4;
+  constexpr int CPT = (CV + NT - 1) / NT;
+  extern __shared__ float4 smem4[];
+  float2* XD = reinterpret_cast<float2*>(smem4);  // (dt, dy) [row][slot]
+  float* Cs = reinterpret_cast<float*>(XD + kSRows * kSX);  // C [slot][state]
+  float* RB = Cs + kST * NP;                                // the rows' delta bias
+
+  const SsProblem& p = a.p;
+  const int64_t L = p.L, N = p.N, Dm = p.dim;
+  const int64_t nblk = Dm / kSRows;
+  const int64_t b = blockIdx.x / nblk, d0 = (blockIdx.x % nblk) * kSRows;
+  const int tid = threadIdx.x;
+  const bool vec = (L & 3) == 0;
+  const T* de = static_cast<const T*>(p.delta);
+  const T* z = static_cast<const T*>(p.z);
+  const T* dout = static_cast<const T*>(a.dout);
+  const T* Cp = static_cast<const T*>(p.C) + (b * p.groups_c + d0 / (Dm / p.groups_c)) * N * L;
+  const int r = tid / P, q = tid % P;
+  auto state = [&](int s) { return q + s * P; };
+  const int64_t d = d0 + r, row = b * Dm + d;
+  const int64_t ntiles = (L + kST - 1) / kST;
+  const int64_t lc = blockIdx.y + a.chunk_base;
+  const int64_t kb = lc * (a.chunk_steps / kST);
+  const int64_t ke = kb + a.chunk_steps / kST < ntiles ? kb + a.chunk_steps / kST : ntiles;
+  float a2[NS], g[NS], S = 0.f;
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    const int64_t n = state(s);
+    a2[s] = (n < N ? p.A[d * N + n] : 0.f) * kLog2e;
+    g[s] = 0.f;
+  }
+  if (tid < kSRows) RB[tid] = p.delta_bias ? p.delta_bias[d0 + tid] : 0.f;
+  const TileMap tm{L, a.rev};
+  for (int64_t k = ke - 1; k >= kb; --k) {
+    __syncthreads();  // the previous tile's walk has read the shared buffers (and RB is set)
+    const int64_t t0 = tm.t0(k);
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+      const int v = tid + m * NT;
+      if (v >= kSVec) continue;
+      const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const int64_t base = (b * Dm + d0 + rr) * L, t = t0 + i0;
+      Raw4<T> rd, rg, rz;
+      load_raw4(de + base, t, L, vec, rd);
+      load_raw4(dout + base, t, L, vec, rg);
+      if (z) load_raw4(z + base, t, L, vec, rz);
+      const bool full = t >= 0 && t + 3 < L;
+      const float bias = RB[rr];
+      float dv[4], gv[4], zv[4] = {0.f, 0.f, 0.f, 0.f};
+      rd.get(dv);
+      rg.get(gv);
+      if (z) rz.get(zv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool valid = full || (t + e >= 0 && t + e < L);
+        const float xb = dv[e] + bias;
+        float dt = xb;
+        if (p.softplus) {
+          float tt;
+          dt = softplus_fast(xb, tt);
+        }
+        float gate = 1.f;
+        if (z) gate = zv[e] * sigmoid_fast(zv[e]);
+        XD[rr * kSX + tm.slot(i0 + e)] = valid ? make_float2(dt, gv[e] * gate) : make_float2(0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < CPT; ++m) {
+      const int w = tid + m * NT;
+      if (w >= CV) continue;
+      const int n = bc_state(w, NP), i0 = bc_step(w, NP);
+      Raw4<T> rc;
+      load_raw4(Cp + (n < N ? n : 0) * L, n < N ? t0 + i0 : -kST, L, vec, rc);
+      float cv[4];
+      rc.get(cv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) Cs[tm.slot(i0 + e) * NP + n] = cv[e];
+    }
+    __syncthreads();
+    const float2* X = XD + r * kSX;
+#pragma unroll 4
+    for (int j = kST - 1; j >= 0; --j) {
+      const float2 x = X[j];
+      S += x.x;
+#pragma unroll
+      for (int s = 0; s < NS; ++s) g[s] = fast_exp2(x.x * a2[s]) * fmaf(Cs[j * NP + state(s)], x.y, g[s]);
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < NS; ++s)
+    if (state(s) < N) a.chunk_g[(row * a.ch_slots + lc) * N + state(s)] = g[s];
+  if (q == 0) a.chunk_S[row * a.ch_slots + lc] = S;
+}
+
 template <class T, int P, int NS>
 cudaError_t launch_staged_bwd(const BwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * (a.p.dim / kSRows);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const size_t smem = sizeof(float) * sbwd_floats(P * NS);
-  auto kern = bwd_staged_kernel<T, P, NS>;
+  const size_t smem = sizeof(float) * (a.chunk_end ? sbwd_a_floats(P * NS) : sbwd_floats(P * NS));
+  auto kern = a.chunk_end ? bwd_staged_phase_a_kernel<T, P, NS> : bwd_staged_kernel<T, P, NS>;
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
