@@ -219,8 +219,8 @@ inline void prefetch_rows(const void* p, SsType ty, int64_t base, int64_t stride
   const int64_t esize = ty == SsType::kF32 ? 4 : 2;
   const char* q = static_cast<const char*>(p) + (base + t) * esize;
   for (int r = 0; r < nch; ++r, q += stride * esize) {
-    if (write) __builtin_prefetch(q, 1);
-    else __builtin_prefetch(q, 0);
+    if (write) __builtin_prefetch(q, 1, JSS_PF_LOC);
+    else __builtin_prefetch(q, 0, JSS_PF_LOC);
   }
 }
 
@@ -315,7 +315,13 @@ inline void finish_block(const Ctx& c, int64_t t0, int nt, bool to_yr, bool add_
 // dA > 1/2 the product sticks at the smallest subnormal, 2^-149 * dA rounding back.)
 constexpr float kSsCarryDrop = 9.3132257e-10f;  // 2^-30
 // How far ahead (steps, in scan order) pass() prefetches the rows: two blocks of 16 steps.
-constexpr int64_t kSsPrefetchSteps = 32;
+#ifndef JSS_PF_STEPS
+#define JSS_PF_STEPS 32
+#endif
+#ifndef JSS_PF_LOC
+#define JSS_PF_LOC 3
+#endif
+constexpr int64_t kSsPrefetchSteps = JSS_PF_STEPS;
 
 // Scan-order blocks [bi0, bi1) (-1: all). TRACK (L split, phase 1): also keep dA's
 // running product in c.Ps and return after the first block at whose end it is

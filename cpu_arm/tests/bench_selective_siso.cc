@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -71,26 +72,34 @@ int main() {
   {
     const int64_t D = std::getenv("TILE_D") ? std::atoll(std::getenv("TILE_D")) : 128, N = 16;
     const int64_t L2 = std::getenv("TILE_L") ? std::atoll(std::getenv("TILE_L")) : 2048;
-    std::vector<float> u2(D * L2), d2(D * L2), A2(D * N), B2(N * L2), C2(N * L2), o2(D * L2);
-    for (auto& v : u2) v = nd(g);
-    for (auto& v : d2) v = nd(g) * 0.5f - 1.0f;
+    // TILE_ALIGN=1: u, delta, z and out start on 4 KiB boundaries (as XLA's large buffers can),
+    // else where the allocator puts them.
+    const bool align = std::getenv("TILE_ALIGN") && std::getenv("TILE_ALIGN")[0] == '1';
+    auto big = [&](std::vector<float>& v) {
+      v.resize(D * L2 + 1024);
+      float* f = v.data();
+      if (align) f = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(f) + 4095) & ~uintptr_t(4095));
+      return f;
+    };
+    std::vector<float> u2v, d2v, o2v, z2v, A2(D * N), B2(N * L2), C2(N * L2), D2(D);
+    float *u2 = big(u2v), *d2 = big(d2v), *o2 = big(o2v);
+    for (int64_t i = 0; i < D * L2; ++i) u2[i] = nd(g);
+    for (int64_t i = 0; i < D * L2; ++i) d2[i] = nd(g) * 0.5f - 1.0f;
     for (auto& v : A2) v = -std::exp(nd(g) * 0.5f);
     for (auto& v : B2) v = nd(g);
     for (auto& v : C2) v = nd(g);
     SsParams q{};
-    q.u = u2.data(); q.delta = d2.data(); q.A = A2.data();
+    q.u = u2; q.delta = d2; q.A = A2.data();
     q.B = B2.data(); q.b_var = true; q.C = C2.data(); q.c_var = true;
     q.delta_softplus = true;
     q.batch = 1; q.dim = D; q.dstate = N; q.length = L2; q.b_groups = 1; q.c_groups = 1;
-    q.out = o2.data();
-    // TILE_Z=1: with z and D too (the Mamba call: four (D, L) arrays; notes PERFORMANCE_CPU,
-    // session 25: at power-of-two L the forward slowed by ~1.45x through JAX then).
-    std::vector<float> z2, D2;
+    q.out = o2;
+    // TILE_Z=1: with z and D too (the Mamba call: four (D, L) arrays; PERFORMANCE_CPU, session 25).
     if (std::getenv("TILE_Z") && std::getenv("TILE_Z")[0] == '1') {
-      z2.resize(D * L2); D2.resize(D);
-      for (auto& v : z2) v = nd(g);
+      float* z2 = big(z2v);
+      for (int64_t i = 0; i < D * L2; ++i) z2[i] = nd(g);
       for (auto& v : D2) v = nd(g);
-      q.z = z2.data(); q.D = D2.data();
+      q.z = z2; q.D = D2.data();
     }
     double ms[3];
     for (int dir = 0; dir < 3; ++dir) {
