@@ -211,6 +211,15 @@ inline void scatter_block(void* p, SsType ty, int64_t base, int64_t stride, int 
     for (int r = 0; r < nch; ++r) st1(p, ty, base + r * stride + t0 + tb, buf[tb * W + r]);
 }
 
+// The prefetch's distance (steps) and locality (3: into L1, as __builtin_prefetch's third
+// argument), compile-time knobs for experiments (PERFORMANCE_CPU, session 32).
+#ifndef JSS_PF_STEPS
+#define JSS_PF_STEPS 32
+#endif
+#ifndef JSS_PF_LOC
+#define JSS_PF_LOC 3
+#endif
+
 // Prefetch of the rows' elements at time t (the line holding them) for r < nch. The blocks'
 // reads go down nch rows at once, which the hardware prefetchers follow only for some
 // relative alignments of u, delta, z and out (notes PERFORMANCE_CPU, session 25).
@@ -315,12 +324,6 @@ inline void finish_block(const Ctx& c, int64_t t0, int nt, bool to_yr, bool add_
 // dA > 1/2 the product sticks at the smallest subnormal, 2^-149 * dA rounding back.)
 constexpr float kSsCarryDrop = 9.3132257e-10f;  // 2^-30
 // How far ahead (steps, in scan order) pass() prefetches the rows: two blocks of 16 steps.
-#ifndef JSS_PF_STEPS
-#define JSS_PF_STEPS 32
-#endif
-#ifndef JSS_PF_LOC
-#define JSS_PF_LOC 3
-#endif
 constexpr int64_t kSsPrefetchSteps = JSS_PF_STEPS;
 
 // Scan-order blocks [bi0, bi1) (-1: all). TRACK (L split, phase 1): also keep dA's
