@@ -492,11 +492,7 @@ __global__ void __launch_bounds__(kSRows * P, 6) bwd_staged_phase_a_kernel(BwdAr
       for (int e = 0; e < 4; ++e) {
         const bool valid = full || (t + e >= 0 && t + e < L);
         const float xb = dv[e] + bias;
-        float dt = xb;
-        if (p.softplus) {
-          float tt;
-          dt = softplus_fast(xb, tt);
-        }
+        const float dt = p.softplus ? softplus_fast(xb) : xb;
         float gate = 1.f;
         if (z) gate = zv[e] * sigmoid_fast(zv[e]);
         XD[rr * kSX + tm.slot(i0 + e)] = valid ? make_float2(dt, gv[e] * gate) : make_float2(0.f, 0.f);
