@@ -211,10 +211,14 @@ inline void scatter_block(void* p, SsType ty, int64_t base, int64_t stride, int 
     for (int r = 0; r < nch; ++r) st1(p, ty, base + r * stride + t0 + tb, buf[tb * W + r]);
 }
 
-// The prefetch's distance (steps) and locality (3: into L1, as __builtin_prefetch's third
-// argument), compile-time knobs for experiments (PERFORMANCE_CPU, session 32).
+// The prefetch's distance (steps), burst (blocks of W steps per row at once) and locality (3:
+// into L1, as __builtin_prefetch's third argument), compile-time knobs for experiments
+// (PERFORMANCE_CPU, sessions 32 and 33).
 #ifndef JSS_PF_STEPS
-#define JSS_PF_STEPS 32
+#define JSS_PF_STEPS 128
+#endif
+#ifndef JSS_PF_GROUP
+#define JSS_PF_GROUP 8
 #endif
 #ifndef JSS_PF_LOC
 #define JSS_PF_LOC 3
@@ -223,8 +227,8 @@ inline void scatter_block(void* p, SsType ty, int64_t base, int64_t stride, int 
 // Prefetch of the rows' elements at time t (the line holding them) for r < nch. The blocks'
 // reads go down nch rows at once, which the hardware prefetchers follow only for some
 // relative alignments of u, delta, z and out (notes PERFORMANCE_CPU, session 25).
-inline void prefetch_rows(const void* p, SsType ty, int64_t base, int64_t stride, int nch, int64_t t,
-                          bool write) {
+JSS_INLINE void prefetch_rows(const void* p, SsType ty, int64_t base, int64_t stride, int nch,
+                              int64_t t, bool write) {
   const int64_t esize = ty == SsType::kF32 ? 4 : 2;
   const char* q = static_cast<const char*>(p) + (base + t) * esize;
   for (int r = 0; r < nch; ++r, q += stride * esize) {
@@ -323,8 +327,34 @@ inline void finish_block(const Ctx& c, int64_t t0, int nt, bool to_yr, bool add_
 // at most 2^-30 |C| |h_in| in y. (Waiting for P to reach 0 does not work: with
 // dA > 1/2 the product sticks at the smallest subnormal, 2^-149 * dA rounding back.)
 constexpr float kSsCarryDrop = 9.3132257e-10f;  // 2^-30
-// How far ahead (steps, in scan order) pass() prefetches the rows: two blocks of 16 steps.
+// pass() prefetches the rows' lines in bursts: at every kSsPrefetchGroup-th block, the lines
+// of the kSsPrefetchGroup blocks that start kSsPrefetchSteps ahead in scan order, 8 consecutive
+// lines of each row at once. One line of each row per block (two blocks ahead, until session
+// 33) ran 1.4-1.7x slower whenever the rows' stride was a multiple of 128 bytes or so (L 1024,
+// 1152, 1536, 2048, ...: most Mamba lengths); the bursts ran 0.29-0.33 ns per (t, d, n) at
+// every L measured. (The fused bidirectional call's passes, which stream fewer arrays from
+// memory, lost 2-5% to bursts up to L 4096 and gained 20% at 8192: bursts everywhere;
+// PERFORMANCE_CPU, session 33.)
 constexpr int64_t kSsPrefetchSteps = JSS_PF_STEPS;
+constexpr int64_t kSsPrefetchGroup = JSS_PF_GROUP;
+
+// The burst due at block t0: every row's line of each of the kSsPrefetchGroup blocks from
+// kSsPrefetchSteps ahead in scan order (out's for writing). (Always inlined, as prefetch_rows:
+// GCC 12 took a function that only prefetches for one without side effects and dropped its
+// calls, leaving no prefetch in pass().)
+JSS_INLINE void prefetch_blocks(const Ctx& c, int64_t t0, bool reverse, bool to_yr) {
+  const SsParams& p = *c.p;
+  for (int64_t g = 0; g < kSsPrefetchGroup; ++g) {
+    const int64_t ahead = kSsPrefetchSteps + g * W, tp = reverse ? t0 - ahead : t0 + ahead;
+    if (tp < 0 || tp >= c.L) break;
+    prefetch_rows(p.delta, p.delta_t, c.row0, c.L, c.nch, tp, false);
+    prefetch_rows(p.u, p.u_t, c.row0, c.L, c.nch, tp, false);
+    if (!to_yr) {
+      if (p.z != nullptr) prefetch_rows(p.z, p.z_t, c.row0, c.L, c.nch, tp, false);
+      prefetch_rows(p.out, p.out_t, c.row0, c.L, c.nch, tp, true);
+    }
+  }
+}
 
 // Scan-order blocks [bi0, bi1) (-1: all). TRACK (L split, phase 1): also keep dA's
 // running product in c.Ps and return after the first block at whose end it is
@@ -353,15 +383,7 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
         for (int64_t n = 0; n < N; ++n) dst[n] = c.hs[n * W + r];
       }
     }
-    if (const int64_t tp = t0 + (reverse ? -kSsPrefetchSteps : kSsPrefetchSteps); tp >= 0 && tp < c.L) {
-      const SsParams& p = *c.p;
-      prefetch_rows(p.delta, p.delta_t, c.row0, c.L, c.nch, tp, false);
-      prefetch_rows(p.u, p.u_t, c.row0, c.L, c.nch, tp, false);
-      if (!to_yr) {
-        if (p.z != nullptr) prefetch_rows(p.z, p.z_t, c.row0, c.L, c.nch, tp, false);
-        prefetch_rows(p.out, p.out_t, c.row0, c.L, c.nch, tp, true);
-      }
-    }
+    if (bi % kSsPrefetchGroup == 0) prefetch_blocks(c, t0, reverse, to_yr);
     prepare<BVAR, CVAR>(c, t0, nt);
     for (int k = 0; k < nt; ++k) {
       const int tb = reverse ? nt - 1 - k : k;

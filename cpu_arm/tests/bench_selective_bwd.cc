@@ -23,7 +23,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s D N log2L reps threads...\n", argv[0]);
     return 2;
   }
-  const int64_t D = std::atoll(argv[1]), N = std::atoll(argv[2]), L = int64_t(1) << std::atoi(argv[3]);
+  const int64_t D = std::atoll(argv[1]), N = std::atoll(argv[2]);
+  // BWD_L=n: L = n instead of 2^log2L (lengths whose rows alias in the caches or not;
+  // PERFORMANCE_CPU, session 33).
+  const int64_t L = std::getenv("BWD_L") ? std::atoll(std::getenv("BWD_L")) : int64_t(1) << std::atoi(argv[3]);
   const int reps = std::atoi(argv[4]);
   std::mt19937 g(0);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -61,8 +64,9 @@ int main(int argc, char** argv) {
       ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(ts.begin(), ts.end());
-    std::printf("bwd %s batch 1 D %lld N %lld L 2^%s threads %d: median %.2f ms (min %.2f, max %.2f, %d calls)\n",
-                table->name, (long long)D, (long long)N, argv[3], nt, ts[ts.size() / 2], ts.front(), ts.back(), reps);
+    std::printf("bwd %s batch 1 D %lld N %lld L %lld threads %d: median %.2f ms (min %.2f, max %.2f, %d calls), "
+                "%.3f ns per (t, d, n)\n", table->name, (long long)D, (long long)N, (long long)L, nt,
+                ts[ts.size() / 2], ts.front(), ts.back(), reps, ts[ts.size() / 2] * 1e6 / double(D * L * N));
   }
   return 0;
 }

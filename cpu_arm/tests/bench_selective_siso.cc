@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <random>
 #include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "../selective_scan_cpu.h"
 
@@ -73,9 +76,23 @@ int main() {
     const int64_t D = std::getenv("TILE_D") ? std::atoll(std::getenv("TILE_D")) : 128, N = 16;
     const int64_t L2 = std::getenv("TILE_L") ? std::atoll(std::getenv("TILE_L")) : 2048;
     // TILE_ALIGN=1: u, delta, z and out start on 4 KiB boundaries (as XLA's large buffers can),
-    // else where the allocator puts them.
-    const bool align = std::getenv("TILE_ALIGN") && std::getenv("TILE_ALIGN")[0] == '1';
+    // else where the allocator puts them. TILE_HUGE=1: on 2 MiB boundaries, in transparent huge
+    // pages where the kernel grants them (madvise before the first touch): the same 4 KiB
+    // alignment of the rows without the TLB's 4 KiB pages (PERFORMANCE_CPU, session 33).
+    const bool huge = std::getenv("TILE_HUGE") && std::getenv("TILE_HUGE")[0] == '1';
+    const bool align = huge || (std::getenv("TILE_ALIGN") && std::getenv("TILE_ALIGN")[0] == '1');
+    std::vector<void*> owned;
     auto big = [&](std::vector<float>& v) {
+      if (huge) {
+        const size_t hp = size_t(1) << 21, bytes = ((D * L2 + 1024) * sizeof(float) + hp - 1) / hp * hp;
+        void* m = std::aligned_alloc(hp, bytes);
+        if (m == nullptr) std::abort();
+#if defined(__linux__)
+        madvise(m, bytes, MADV_HUGEPAGE);
+#endif
+        owned.push_back(m);
+        return static_cast<float*>(m);
+      }
       v.resize(D * L2 + 1024);
       float* f = v.data();
       if (align) f = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(f) + 4095) & ~uintptr_t(4095));
@@ -110,6 +127,7 @@ int main() {
                 "bidirectional (fused) %.3f ms, fused vs two calls %.2fx, %.3f ns per (t, d, n) forward\n",
                 (long long)D, (long long)L2, (long long)N, ms[0], ms[1], ms[2], (ms[0] + ms[1]) / ms[2],
                 ms[0] * 1e6 / double(D * L2 * N));
+    for (void* m : owned) std::free(m);
   }
   std::printf("{\"length\": %lld, \"scalar_ms\": %.4f, \"kernel_ms\": %.4f, \"speedup\": %.3f, "
               "\"elementwise_ms\": %.4f, \"isa\": \"%s\"}\n",
