@@ -3,7 +3,8 @@
     JAX_PLATFORMS=cpu python benchmarks/cpu_selective_scan_lengths.py \
         [--lengths 1024,1040,2048,2064] [--batch 8] [--dim 768] [--n 16] [--threads 1] [--out PATH]
 
-The directional forward and reverse calls and the fused bidirectional call of `selective_scan`
+The directional forward and reverse calls, the fused bidirectional call and (`--vjp`) the jitted
+forward + backward of the forward direction (all gradients; cotangent ones) of `selective_scan`
 (float32, Mamba options: z, D, delta_bias with softplus, B and C (batch, N, L)) at
 (batch, dim, L, n) for each L, timed in turn within each round (medians of `--repeats` rounds
 after a warm-up; compile excluded). Lengths whose rows are a multiple of 128 bytes against their
@@ -24,7 +25,8 @@ import sys
 
 import jax
 
-from cpu_selective_scan import HERE, ROOT, _cpu_model, kernel, make, timeit_rounds
+from cpu_selective_scan import HERE, ROOT, _cpu_model, fwd_bwd, kernel, make, timeit_rounds
+from jax_selscan.selective_scan import selective_scan
 
 DIRS = ("forward", "reverse", "bidirectional")
 
@@ -37,17 +39,22 @@ def main():
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--vjp", action="store_true", help="also time the forward + backward")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_selective_scan_lengths"))
     args = ap.parse_args()
     os.environ["JAX_SELSCAN_CPU_THREADS"] = str(args.threads)
     rows = []
     for L in (int(v) for v in args.lengths.split(",")):
         shape = (args.batch, args.dim, L, args.n)
-        meds, runs = timeit_rounds([kernel(d) for d in DIRS], make(shape), args.repeats)
+        fns = [kernel(d) for d in DIRS]
+        names = DIRS + (("fwd_bwd",) if args.vjp else ())
+        if args.vjp:
+            fns.append(fwd_bwd(lambda **a: selective_scan(**a, delta_softplus=True)))
+        meds, runs = timeit_rounds(fns, make(shape), args.repeats)
         elems = args.batch * args.dim * L * args.n
         r = dict(shape=dict(zip(("batch", "D", "L", "N"), shape)), repeats=args.repeats,
                  row_bytes=4 * L)
-        for d, m, t in zip(DIRS, meds, runs):
+        for d, m, t in zip(names, meds, runs):
             r[f"{d}_ms"], r[f"{d}_ns_per_tdn"], r[f"{d}_runs"] = m, m * 1e6 / elems, t
         r["fused_vs_two_calls_per_round"] = statistics.median((f + v) / b for f, v, b in zip(*runs))
         rows.append(r)
@@ -65,14 +72,15 @@ def main():
           f"- date: {meta['date']}\n- machine: {meta['machine']}\n- commit: {commit} (jax {meta['jax']})\n"
           f"- kernel threads: {args.threads}\n- command: `{meta['command']}`\n",
           "| batch, D, L, N | row bytes | fwd ms | rev ms | bidi (fused) ms | fwd ns/(t,d,n) | rev ns | "
-          "bidi ns (both directions) | fused vs two calls (per round) |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+          "bidi ns (both directions) | fused vs two calls (per round) | fwd+bwd ms | fwd+bwd ns |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         s = r["shape"]
         md.append(f"| {s['batch']}, {s['D']}, {s['L']}, {s['N']} | {r['row_bytes']} | {r['forward_ms']:.2f} | "
                   f"{r['reverse_ms']:.2f} | {r['bidirectional_ms']:.2f} | {r['forward_ns_per_tdn']:.3f} | "
                   f"{r['reverse_ns_per_tdn']:.3f} | {r['bidirectional_ns_per_tdn']:.3f} | "
-                  f"{r['fused_vs_two_calls_per_round']:.2f}x |")
+                  f"{r['fused_vs_two_calls_per_round']:.2f}x | "
+                  + (f"{r['fwd_bwd_ms']:.1f} | {r['fwd_bwd_ns_per_tdn']:.3f} |" if args.vjp else "- | - |"))
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <vector>
@@ -30,26 +31,36 @@ int main(int argc, char** argv) {
   const int reps = std::atoi(argv[4]);
   std::mt19937 g(0);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> u(D * L), dl(D * L), z(D * L), dout(D * L), A(D * N), B(N * L), C(N * L), Dv(D), bias(D);
-  for (auto& v : u) v = nd(g);
-  for (auto& v : dl) v = nd(g) * 0.5f - 1.0f;
-  for (auto& v : z) v = nd(g);
-  for (auto& v : dout) v = nd(g);
+  // BWD_ALIGN=1: the (D, L) arrays start on 4 KiB boundaries (as XLA's large buffers can), else
+  // where the allocator puts them.
+  const bool align = std::getenv("BWD_ALIGN") && std::getenv("BWD_ALIGN")[0] == '1';
+  std::vector<std::vector<float>> store;
+  auto rows = [&](float scale, float shift) {
+    store.emplace_back(D * L + 1024);
+    float* f = store.back().data();
+    if (align) f = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(f) + 4095) & ~uintptr_t(4095));
+    for (int64_t i = 0; i < D * L; ++i) f[i] = nd(g) * scale + shift;
+    return f;
+  };
+  store.reserve(7);
+  float *u = rows(1.0f, 0.0f), *dl = rows(0.5f, -1.0f), *z = rows(1.0f, 0.0f), *dout = rows(1.0f, 0.0f);
+  float *du = rows(0.0f, 0.0f), *dd = rows(0.0f, 0.0f), *dz = rows(0.0f, 0.0f);
+  std::vector<float> A(D * N), B(N * L), C(N * L), Dv(D), bias(D);
   for (auto& v : A) v = -std::exp(nd(g) * 0.5f);
   for (auto& v : B) v = nd(g);
   for (auto& v : C) v = nd(g);
   for (auto& v : Dv) v = nd(g);
   for (auto& v : bias) v = nd(g) * 0.2f;
-  std::vector<float> du(D * L), dd(D * L), dz(D * L), dA(D * N), dB(N * L), dC(N * L), dD(D), dbias(D);
+  std::vector<float> dA(D * N), dB(N * L), dC(N * L), dD(D), dbias(D);
   SsBwdParams q{};
   SsParams& p = q.fwd;
-  p.u = u.data(); p.delta = dl.data(); p.A = A.data();
+  p.u = u; p.delta = dl; p.A = A.data();
   p.B = B.data(); p.b_var = true; p.C = C.data(); p.c_var = true;
-  p.D = Dv.data(); p.z = z.data(); p.delta_bias = bias.data(); p.delta_softplus = true;
+  p.D = Dv.data(); p.z = z; p.delta_bias = bias.data(); p.delta_softplus = true;
   p.direction = SsDirection::kForward;
   p.batch = 1; p.dim = D; p.dstate = N; p.length = L; p.b_groups = 1; p.c_groups = 1;
-  q.dout = dout.data();
-  q.du = du.data(); q.ddelta = dd.data(); q.dz = dz.data(); q.dA = dA.data(); q.dB = dB.data(); q.dC = dC.data();
+  q.dout = dout;
+  q.du = du; q.ddelta = dd; q.dz = dz; q.dA = dA.data(); q.dB = dB.data(); q.dC = dC.data();
   q.dD = dD.data(); q.ddelta_bias = dbias.data();
   std::string err;
   const SsBwdTable* table = select_ss_bwd_table(&err);
