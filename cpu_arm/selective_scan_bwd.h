@@ -43,6 +43,7 @@
 
 #include "selective_scan.h"
 #include "selective_scan_bwd_api.h"
+#include "selective_scan_bwd_narrow.h"
 
 namespace jax_selscan {
 namespace {
@@ -561,6 +562,10 @@ void run_piece(BCtx& c, const SsBwdTask& t) {
 
 inline void run(const SsBwdParams& q, const SsBwdTask& t) {
   const SsParams& p = q.fwd;
+  if (ss_use_narrow(W, t.nch, p.length)) {  // few channels: time in the lanes
+    ssbn::run(q, t);
+    return;
+  }
   BCtx c;
   c.q = &q;
   c.p = &p;

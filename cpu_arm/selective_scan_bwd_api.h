@@ -65,6 +65,9 @@ struct SsBwdTask {
   float* work;
   float *pA, *pB, *pC, *pD, *pbias;
   int32_t accumulate;
+  // Along-L tasks alone in their B (C) group: pB (pC) is the gradient's own [N][L] block of
+  // that group (b, g), written directly (no partial, no reduction).
+  int32_t direct_b, direct_c;
   int32_t split, phase, reverse;
   int64_t piece, pieces;
   float *ckbuf, *sums;

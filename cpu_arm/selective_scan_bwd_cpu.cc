@@ -77,8 +77,8 @@ void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor
       if (phase != 1) {
         const int64_t slot = (k * ndirs + di) * 2 + (phase == 3 ? 1 : 0);
         t.pA = sA.data() + slot * NW;
-        t.pB = p.b_var ? pB + task * L * N : sB.data() + slot * NW;
-        t.pC = p.c_var ? pC + task * L * N : sC.data() + slot * NW;
+        if (!t.direct_b) t.pB = p.b_var ? pB + task * L * N : sB.data() + slot * NW;
+        if (!t.direct_c) t.pC = p.c_var ? pC + task * L * N : sC.data() + slot * NW;
         t.pD = sD.data() + slot * lanes;
         t.pbias = sbias.data() + slot * lanes;
       }
@@ -165,6 +165,11 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
   const int64_t groups = Dm / per_group;
   const int64_t tiles_per_group = (per_group + lanes - 1) / lanes;
   const int64_t tasks = batch * groups * tiles_per_group;
+  // Along-L tasks (one per gcd-group) alone in their B (C) group write its varying dB (dC)
+  // straight into the gradient's [N][L] rows: no partial, no reduction.
+  const bool narrow_tasks = per_group * 4 <= lanes && ss_use_narrow(lanes, per_group, L);
+  const bool direct_b = p.b_var && narrow_tasks && per_group == Dm / p.b_groups;
+  const bool direct_c = p.c_var && narrow_tasks && per_group == Dm / p.c_groups;
   auto task_at = [&](int64_t i, SsBwdTask& t) {
     const int64_t b = i / (groups * tiles_per_group);
     const int64_t r = i % (groups * tiles_per_group);
@@ -172,6 +177,10 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
     t.b = b;
     t.d0 = g * per_group + k * lanes;
     t.nch = std::min<int64_t>(lanes, per_group - k * lanes);
+    t.direct_b = direct_b ? 1 : 0;
+    t.direct_c = direct_c ? 1 : 0;
+    if (direct_b) t.pB = q.dB + (b * p.b_groups + g) * N * L;
+    if (direct_c) t.pC = q.dC + (b * p.c_groups + g) * N * L;
   };
   const int64_t NW = N * lanes;
   const int64_t cost = batch * Dm * L * std::max<int64_t>(N, 1);
@@ -195,7 +204,8 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
   const int64_t items = batch * groups * slabs;
   const bool var = p.b_var || p.c_var;
   const int64_t pb_floats = p.b_var ? L * N : NW, pc_floats = p.c_var ? L * N : NW;
-  const int64_t pb_count = p.b_var ? items : tasks, pc_count = p.c_var ? items : tasks;
+  const int64_t pb_count = direct_b ? 0 : p.b_var ? items : tasks;
+  const int64_t pc_count = direct_c ? 0 : p.c_var ? items : tasks;
   FloatBuffer pA = alloc_floats(tasks * NW), pB = alloc_floats(pb_count * pb_floats),
               pC = alloc_floats(pc_count * pc_floats), pD = alloc_floats(tasks * lanes),
               pbias = alloc_floats(tasks * lanes);
@@ -211,8 +221,8 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
       task_at(i, t);
       t.work = work;
       t.pA = pA.get() + i * NW;
-      t.pB = pB.get() + (p.b_var ? item : i) * pb_floats;
-      t.pC = pC.get() + (p.c_var ? item : i) * pc_floats;
+      if (!t.direct_b) t.pB = pB.get() + (p.b_var ? item : i) * pb_floats;
+      if (!t.direct_c) t.pC = pC.get() + (p.c_var ? item : i) * pc_floats;
       t.pD = pD.get() + i * lanes;
       t.pbias = pbias.get() + i * lanes;
       t.accumulate = accumulate ? 1 : 0;
@@ -257,7 +267,9 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
   // each output element is summed by one thread in a fixed order.
   auto reduce_var = [&](float* out, const float* part, int64_t G) {
     const int64_t per = Dm / G;
-    constexpr int64_t kT = 256;
+    // Items of >= 2^14 floats (256 steps at N = 64): fewer, longer items for small N (a
+    // SISO call at L = 2^20 made 4096 items of 256 floats: 10% of its backward).
+    const int64_t kT = std::max<int64_t>(256, (int64_t(1) << 14) / std::max<int64_t>(N, 1));
     const int64_t nt = (L + kT - 1) / kT;
     executor.parallel_for(batch * G * nt, [&](int64_t item) {
       const int64_t b = item / (G * nt), g = (item / nt) % G, t0 = (item % nt) * kT;
@@ -276,8 +288,8 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
         for (int64_t t = t0; t < t1; ++t) dst[n * L + t] = acc[(t - t0) * N + n];
     });
   };
-  if (p.b_var) reduce_var(q.dB, pB.get(), p.b_groups);
-  if (p.c_var) reduce_var(q.dC, pC.get(), p.c_groups);
+  if (p.b_var && !direct_b) reduce_var(q.dB, pB.get(), p.b_groups);
+  if (p.c_var && !direct_c) reduce_var(q.dC, pC.get(), p.c_groups);
 }
 
 }  // namespace jax_selscan

@@ -223,6 +223,21 @@ def test_l_split_gradients_match_float64_reference(monkeypatch, slow):
             assert any(not np.array_equal(got[k], plain[k]) for k in got), "no L split ran"
 
 
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_along_l_backward_for_few_channels(monkeypatch, direction):
+    # Groups of one channel and a long L take the backward's along-L path (time in the lanes,
+    # cpu_arm/selective_scan_bwd_narrow.h) at every ISA's lane count: grouped B (each group's
+    # dB written directly by its one task), variable C (summed over the channels through the
+    # [L][N] partial), N = 16, L = 1100 (a scalar tail unit); unsplit, then with L split into
+    # pieces across threads.
+    kw = dict(batch=1, dim=2, dstate=16, length=1100, groups=2, b_kind="grouped",
+              c_kind="variable")
+    check(300 + DIRECTIONS.index(direction), direction, **kw)
+    with monkeypatch.context() as m:
+        m.setenv("JAX_SELSCAN_SS_PIECE_STEPS", "64")
+        check(310 + DIRECTIONS.index(direction), direction, **kw)
+
+
 SWEEP = os.environ.get("JAX_SELSCAN_BWD_SWEEP") == "1"
 
 

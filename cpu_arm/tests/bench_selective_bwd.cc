@@ -58,10 +58,17 @@ int main(int argc, char** argv) {
   p.B = B.data(); p.b_var = true; p.C = C.data(); p.c_var = true;
   p.D = Dv.data(); p.z = z; p.delta_bias = bias.data(); p.delta_softplus = true;
   p.direction = SsDirection::kForward;
+  // BWD_DIR=r / b: the reverse or bidirectional scan; BWD_PLAIN=1: no z, D, bias or softplus.
+  if (const char* e = std::getenv("BWD_DIR"); e != nullptr && e[0] == 'r') p.direction = SsDirection::kReverse;
+  if (const char* e = std::getenv("BWD_DIR"); e != nullptr && e[0] == 'b') p.direction = SsDirection::kBidirectional;
+  if (const char* e = std::getenv("BWD_PLAIN"); e != nullptr && e[0] == '1') {
+    p.z = nullptr; p.D = nullptr; p.delta_bias = nullptr; p.delta_softplus = false;
+  }
   p.batch = 1; p.dim = D; p.dstate = N; p.length = L; p.b_groups = 1; p.c_groups = 1;
   q.dout = dout;
-  q.du = du; q.ddelta = dd; q.dz = dz; q.dA = dA.data(); q.dB = dB.data(); q.dC = dC.data();
-  q.dD = dD.data(); q.ddelta_bias = dbias.data();
+  q.du = du; q.ddelta = dd; q.dz = p.z != nullptr ? dz : nullptr; q.dA = dA.data(); q.dB = dB.data(); q.dC = dC.data();
+  q.dD = p.D != nullptr ? dD.data() : nullptr;
+  q.ddelta_bias = p.delta_bias != nullptr ? dbias.data() : nullptr;
   std::string err;
   const SsBwdTable* table = select_ss_bwd_table(&err);
   for (int a = 5; a < argc; ++a) {
