@@ -84,18 +84,30 @@ JSS_INLINE int64_t unit_start(const NCtx& c, bool rev, int64_t u, int* nt) {
 JSS_INLINE float lane0(const float* x) { return x[0]; }
 JSS_INLINE void set_all(float* x, float v) { simd::store(x, simd::broadcast(v)); }
 
-// Units ahead that the sweep and the walk prefetch (one line per row and unit: W floats).
-// Without it the walk ran at half speed with N = 16: its 2 N rows of B and C, read downwards
-// one line per unit, are more streams than the hardware prefetchers follow (PERFORMANCE_CPU,
-// session 34). Always inlined (see ss::prefetch_blocks).
-constexpr int64_t kAhead = 8;
-JSS_INLINE void prefetch_unit(const NCtx& c, int64_t t, bool walk) {
+// The sweep's and the walk's prefetch: at every kBurst-th unit, the lines of the kBurst units
+// from kAhead units on in their direction (one line per row and unit: W floats) of every row
+// they read (B, C, delta, u, dout, z) and write (dB / dC rows written directly; du, ddelta,
+// dz). Without it the walk ran at half speed with N = 16: its 2 N rows of B and C (and of
+// dB and dC), taken downwards one line per unit, are more streams than the hardware
+// prefetchers follow. One line per unit 8 units ahead gained a third of that; bursts of 8
+// from the next unit on, a third more (farther bursts were slower: the lines of two bursts
+// outgrow L1 at N = 16; PERFORMANCE_CPU, session 34). Always inlined (see ss::prefetch_blocks).
+#ifndef JSS_NB_AHEAD
+#define JSS_NB_AHEAD 1
+#endif
+#ifndef JSS_NB_BURST
+#define JSS_NB_BURST 8
+#endif
+constexpr int64_t kAhead = JSS_NB_AHEAD, kBurst = JSS_NB_BURST;
+JSS_INLINE void prefetch_unit(const NCtx& c, int64_t t, bool walk, bool final) {
   if (t < 0 || t >= c.L) return;
   const SsParams& p = *c.p;
   const SsBwdParams& q = *c.q;
   const int n = static_cast<int>(c.N);
   if (p.b_var) ss::prefetch_rows(p.B, p.B_t, c.bb, c.L, n, t, false);
   if (walk && p.c_var) ss::prefetch_rows(p.C, p.C_t, c.cb, c.L, n, t, false);
+  if (walk && c.direct_b) ss::prefetch_rows(c.pB, SsType::kF32, 0, c.L, n, t, true);
+  if (walk && c.direct_c) ss::prefetch_rows(c.pC, SsType::kF32, 0, c.L, n, t, true);
   for (int r = 0; r < c.nch; ++r) {
     const int64_t row = c.ch[r].row;
     ss::prefetch_rows(p.delta, p.delta_t, row, 0, 1, t, false);
@@ -103,6 +115,10 @@ JSS_INLINE void prefetch_unit(const NCtx& c, int64_t t, bool walk) {
     if (!walk) continue;
     ss::prefetch_rows(q.dout, q.dout_t, row, 0, 1, t, false);
     if (p.z != nullptr) ss::prefetch_rows(p.z, p.z_t, row, 0, 1, t, false);
+    if (!final) continue;
+    ss::prefetch_rows(q.du, SsType::kF32, row, 0, 1, t, true);
+    ss::prefetch_rows(q.ddelta, SsType::kF32, row, 0, 1, t, true);
+    if (q.dz != nullptr) ss::prefetch_rows(q.dz, SsType::kF32, row, 0, 1, t, true);
   }
 }
 
@@ -116,10 +132,7 @@ JSS_INLINE UnitIn unit_in(const NCtx& c, const Chan& h, int64_t t0, bool want_sg
   UnitIn r;
   VF d = simd::add(ss::ldv(p.delta, p.delta_t, h.row + t0), simd::broadcast(h.bias));
   r.sg = simd::broadcast(1.0f);
-  if (p.delta_softplus) {
-    if (want_sg) r.sg = simd::sigmoid(d);
-    d = simd::softplus(d);
-  }
+  if (p.delta_softplus) d = want_sg ? simd::softplus_sigmoid(d, &r.sg) : simd::softplus(d);
   r.dl = d;
   r.uv = ss::ldv(p.u, p.u_t, h.row + t0);
   r.duv = simd::mul(d, r.uv);
@@ -168,7 +181,8 @@ void sweep(NCtx& c, int64_t u0, int64_t u1, bool track) {
   for (int64_t u = u0; u < u1; ++u) {
     int nt;
     const int64_t t0 = unit_start(c, REV, u, &nt);
-    if (nt == W) prefetch_unit(c, REV ? t0 - kAhead * W : t0 + kAhead * W, false);
+    if ((u - u0) % kBurst == 0)
+      for (int64_t k = 0; k < kBurst; ++k) prefetch_unit(c, REV ? t0 - (kAhead + k) * W : t0 + (kAhead + k) * W, false, false);
     for (int r = 0; r < c.nch; ++r) {
       Chan& h = c.ch[r];
       for (int64_t n = 0; n < N; ++n) {
@@ -255,7 +269,7 @@ inline void flush_blk(NCtx& c) {
 // du, ddelta, dz of a unit from the walk's sums dus, dd, y: with `final` finished and
 // written, else kept in the bidirectional sums.
 struct UnitOut {
-  VF dus, dd, y, dy, dout, z, uv, sg;
+  VF dus, dd, y, dy, dout, z, sz, uv, sg;  // sz: sigmoid(z)
 };
 JSS_INLINE void unit_out(const NCtx& c, Chan& h, int64_t t0, const UnitOut& o, bool final) {
   const SsParams& p = *c.p;
@@ -275,7 +289,7 @@ JSS_INLINE void unit_out(const NCtx& c, Chan& h, int64_t t0, const UnitOut& o, b
   }
   const VF dv = simd::broadcast(h.dv);
   if (p.z != nullptr) {
-    const VF s = simd::sigmoid(o.z);
+    const VF s = o.sz;
     const VF ds = simd::mul(s, simd::fma(o.z, simd::sub(simd::broadcast(1.0f), s), simd::broadcast(1.0f)));
     simd::store(q.dz + h.row + t0, simd::mul(simd::mul(o.dout, ds), simd::fma(dv, o.uv, y)));
   }
@@ -377,14 +391,16 @@ void walk(NCtx& c, int64_t u1, int64_t u0, bool final) {
       if (GRADS && ++c.blk_units == kBlk) flush_blk(c);
       continue;
     }
-    prefetch_unit(c, REV ? t0 + kAhead * W : t0 - kAhead * W, true);
+    if ((u1 - 1 - u) % kBurst == 0)
+      for (int64_t k = 0; k < kBurst; ++k) prefetch_unit(c, REV ? t0 + (kAhead + k) * W : t0 - (kAhead + k) * W, true, final);
     for (int r = 0; r < c.nch; ++r) {
       Chan& h = c.ch[r];
       const UnitIn in = unit_in(c, h, t0, GRADS && final);
       UnitOut o;
       o.dout = ss::ldv(q.dout, q.dout_t, h.row + t0);
       o.z = has_z ? ss::ldv(p.z, p.z_t, h.row + t0) : zero;
-      o.dy = has_z ? simd::mul(o.dout, simd::silu(o.z)) : o.dout;
+      o.sz = has_z ? simd::sigmoid(o.z) : zero;
+      o.dy = has_z ? simd::mul(o.dout, simd::mul(o.z, o.sz)) : o.dout;  // dout * silu(z)
       o.dus = o.dd = o.y = zero;
       for (int64_t n = 0; n < N; ++n) {
         const VF x = simd::mul(in.dl, simd::broadcast(h.A2[n]));

@@ -211,6 +211,15 @@ JSS_INLINE VF sigmoid(VF x) {
 
 JSS_INLINE VF silu(VF x) { return mul(x, sigmoid(x)); }
 
+// softplus(x), and sigmoid(x) (its derivative) in *sg, sharing exp(-|x|): the same bits as
+// softplus(x) and sigmoid(x).
+JSS_INLINE VF softplus_sigmoid(VF x, VF* sg) {
+  const VF e = exp_nonpos(neg(abs(x)));
+  const VF r = div(broadcast(1.0f), add(broadcast(1.0f), e));
+  *sg = select_lt(x, 0.0f, mul(e, r), r);
+  return add(max(x, broadcast(0.0f)), log1p_unit(e));
+}
+
 }  // namespace simd
 }  // namespace
 }  // namespace jax_selscan

@@ -61,6 +61,11 @@ int main(int argc, char** argv) {
   // BWD_DIR=r / b: the reverse or bidirectional scan; BWD_PLAIN=1: no z, D, bias or softplus.
   if (const char* e = std::getenv("BWD_DIR"); e != nullptr && e[0] == 'r') p.direction = SsDirection::kReverse;
   if (const char* e = std::getenv("BWD_DIR"); e != nullptr && e[0] == 'b') p.direction = SsDirection::kBidirectional;
+  // BWD_INV=1: B and C invariant ((D, N), no rows over time).
+  if (const char* e = std::getenv("BWD_INV"); e != nullptr && e[0] == '1') {
+    p.b_var = p.c_var = false;
+    q.dB = dB.data(); q.dC = dC.data();  // (D * N <= N * L here)
+  }
   if (const char* e = std::getenv("BWD_PLAIN"); e != nullptr && e[0] == '1') {
     p.z = nullptr; p.D = nullptr; p.delta_bias = nullptr; p.delta_softplus = false;
   }

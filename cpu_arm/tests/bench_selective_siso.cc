@@ -118,6 +118,17 @@ int main() {
       for (auto& v : D2) v = nd(g);
       q.z = z2; q.D = D2.data();
     }
+    // TILE_ONLY=0 / 1 / 2: time only that direction (forward, reverse, bidirectional), 30 calls
+    // after one, for a profiler.
+    if (const char* only = std::getenv("TILE_ONLY"); only != nullptr && only[0] != '\0') {
+      q.direction = static_cast<SsDirection>(std::atoi(only));
+      selective_scan_cpu(q, *table, one);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 30; ++i) selective_scan_cpu(q, *table, one);
+      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("direction %d: %.3f ms per call (30 calls)\n", int(q.direction), t / 30);
+      return 0;
+    }
     double ms[3];
     for (int dir = 0; dir < 3; ++dir) {
       q.direction = static_cast<SsDirection>(dir);
