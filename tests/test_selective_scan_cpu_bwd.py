@@ -238,6 +238,27 @@ def test_along_l_backward_for_few_channels(monkeypatch, direction):
         check(310 + DIRECTIONS.index(direction), direction, **kw)
 
 
+@pytest.mark.parametrize("kw", [dict(batch=1, dim=3, dstate=4, length=40, groups=1),
+                                dict(batch=1, dim=2, dstate=3, length=1100, groups=2)],
+                         ids=["channel_path", "along_l"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_nan_in_u_propagates_to_the_gradients_like_reference(direction, kw):
+    # One NaN in u: every gradient NaN exactly where the float64 reference's is, and equal to
+    # it elsewhere (both CPU backward paths).
+    x, dtypes = make(400 + DIRECTIONS.index(direction), b_kind="grouped", c_kind="variable", **kw)
+    x["u"][0, 1, kw["length"] // 3] = np.nan
+    dout, dlast = cotangents(401, x, direction, True, dtypes["u"])
+    got, _ = grads(selective_scan, x, dtypes, dout, dlast, direction, True, None)
+    want, _ = grads(selective_scan_ref, x, dtypes, dout, dlast, direction, True, np.float64)
+    assert any(np.isnan(np.asarray(w)).any() for w in want.values())
+    for k in got:
+        g, w = np.asarray(got[k], np.float64), np.asarray(want[k])
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"d{k}")
+        ok = ~np.isnan(w)
+        err = np.max(np.abs(g[ok] - w[ok]), initial=0.0) / max(np.max(np.abs(w[ok]), initial=0.0), 1e-30)
+        assert err <= TOL[np.dtype(dtypes[k])] * 3, f"d{k}: relative error {err:.3g}"
+
+
 SWEEP = os.environ.get("JAX_SELSCAN_BWD_SWEEP") == "1"
 
 
