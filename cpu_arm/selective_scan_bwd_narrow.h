@@ -54,7 +54,9 @@ struct Chan {
   float *hb, *g, *P;          // [N][W], every lane alike: state, adjoint carry, dA's product
   float *accA, *accB, *accC, *blkA, *blkB, *blkC;  // [N][W]
   float *accD, *accBias, *blkD, *blkBias;          // [W]
-  float *sy, *sdu, *sdd;      // [L]: the reverse half's sums (bidirectional), or null
+  float *sy, *sdu, *sdd;      // [L]: the reverse half's sums (bidirectional), or null: the
+                              // channel's rows of dz, du and ddelta, which the forward half
+                              // then finishes in place (no scratch of size L to fault in)
 };
 
 struct NCtx {
@@ -99,7 +101,7 @@ JSS_INLINE void set_all(float* x, float v) { simd::store(x, simd::broadcast(v));
 #define JSS_NB_BURST 8
 #endif
 constexpr int64_t kAhead = JSS_NB_AHEAD, kBurst = JSS_NB_BURST;
-JSS_INLINE void prefetch_unit(const NCtx& c, int64_t t, bool walk, bool final) {
+JSS_INLINE void prefetch_unit(const NCtx& c, int64_t t, bool walk) {
   if (t < 0 || t >= c.L) return;
   const SsParams& p = *c.p;
   const SsBwdParams& q = *c.q;
@@ -115,7 +117,8 @@ JSS_INLINE void prefetch_unit(const NCtx& c, int64_t t, bool walk, bool final) {
     if (!walk) continue;
     ss::prefetch_rows(q.dout, q.dout_t, row, 0, 1, t, false);
     if (p.z != nullptr) ss::prefetch_rows(p.z, p.z_t, row, 0, 1, t, false);
-    if (!final) continue;
+    // du, ddelta, dz: written by every walk (the reverse half of a bidirectional call keeps its
+    // sums there).
     ss::prefetch_rows(q.du, SsType::kF32, row, 0, 1, t, true);
     ss::prefetch_rows(q.ddelta, SsType::kF32, row, 0, 1, t, true);
     if (q.dz != nullptr) ss::prefetch_rows(q.dz, SsType::kF32, row, 0, 1, t, true);
@@ -182,7 +185,7 @@ void sweep(NCtx& c, int64_t u0, int64_t u1, bool track) {
     int nt;
     const int64_t t0 = unit_start(c, REV, u, &nt);
     if ((u - u0) % kBurst == 0)
-      for (int64_t k = 0; k < kBurst; ++k) prefetch_unit(c, REV ? t0 - (kAhead + k) * W : t0 + (kAhead + k) * W, false, false);
+      for (int64_t k = 0; k < kBurst; ++k) prefetch_unit(c, REV ? t0 - (kAhead + k) * W : t0 + (kAhead + k) * W, false);
     for (int r = 0; r < c.nch; ++r) {
       Chan& h = c.ch[r];
       for (int64_t n = 0; n < N; ++n) {
@@ -278,17 +281,17 @@ JSS_INLINE void unit_out(const NCtx& c, Chan& h, int64_t t0, const UnitOut& o, b
   if (!final) {
     simd::store(h.sdu + t0, o.dus);
     simd::store(h.sdd + t0, o.dd);
-    if (p.z != nullptr) simd::store(h.sy + t0, o.y);
+    if (h.sy != nullptr) simd::store(h.sy + t0, o.y);
     return;
   }
   VF du = o.dus, dd = o.dd, y = o.y;
   if (bidi) {
     du = simd::add(du, simd::load(h.sdu + t0));
     dd = simd::add(dd, simd::load(h.sdd + t0));
-    if (p.z != nullptr) y = simd::add(y, simd::load(h.sy + t0));
+    if (h.sy != nullptr) y = simd::add(y, simd::load(h.sy + t0));
   }
   const VF dv = simd::broadcast(h.dv);
-  if (p.z != nullptr) {
+  if (q.dz != nullptr) {
     const VF s = o.sz;
     const VF ds = simd::mul(s, simd::fma(o.z, simd::sub(simd::broadcast(1.0f), s), simd::broadcast(1.0f)));
     simd::store(q.dz + h.row + t0, simd::mul(simd::mul(o.dout, ds), simd::fma(dv, o.uv, y)));
@@ -353,15 +356,15 @@ inline void tail_walk(NCtx& c, Chan& h, bool rev, int64_t u, int64_t t0, int nt,
     if (!final) {
       h.sdu[t] = dus;
       h.sdd[t] = dd;
-      if (p.z != nullptr) h.sy[t] = y;
+      if (h.sy != nullptr) h.sy[t] = y;
       continue;
     }
     if (bidi) {
       dus += h.sdu[t];
       dd += h.sdd[t];
-      if (p.z != nullptr) y += h.sy[t];
+      if (h.sy != nullptr) y += h.sy[t];
     }
-    if (p.z != nullptr) {
+    if (q.dz != nullptr) {
       const float s = scalar_sigmoid(zv);
       q.dz[h.row + t] = dout * (s * (1.0f + zv * (1.0f - s))) * (h.dv * uv + y);
     }
@@ -392,7 +395,7 @@ void walk(NCtx& c, int64_t u1, int64_t u0, bool final) {
       continue;
     }
     if ((u1 - 1 - u) % kBurst == 0)
-      for (int64_t k = 0; k < kBurst; ++k) prefetch_unit(c, REV ? t0 + (kAhead + k) * W : t0 - (kAhead + k) * W, true, final);
+      for (int64_t k = 0; k < kBurst; ++k) prefetch_unit(c, REV ? t0 + (kAhead + k) * W : t0 - (kAhead + k) * W, true);
     for (int r = 0; r < c.nch; ++r) {
       Chan& h = c.ch[r];
       const UnitIn in = unit_in(c, h, t0, GRADS && final);
@@ -526,15 +529,14 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
     if (t.split) {
       h.ck = t.ckbuf + r * 2 * c.units * N;
       h.ckP = h.ck + c.units * N;
-      h.sy = bidi ? t.sums + r * 3 * L : nullptr;
     } else {
       h.ck = take(c.units * N);
       h.ckP = nullptr;
-      h.sy = bidi ? take(3 * L) : nullptr;
     }
-    h.sdu = bidi ? h.sy + L : nullptr;
-    h.sdd = bidi ? h.sy + 2 * L : nullptr;
     h.row = (t.b * p.dim + d) * L;
+    h.sy = bidi && q.dz != nullptr ? q.dz + h.row : nullptr;
+    h.sdu = bidi ? q.du + h.row : nullptr;
+    h.sdd = bidi ? q.ddelta + h.row : nullptr;
     h.bias = p.delta_bias != nullptr ? ss::ld1(p.delta_bias, p.delta_bias_t, d) : 0.0f;
     h.dv = p.D != nullptr ? k * ss::ld1(p.D, p.D_t, d) : 0.0f;
     float a_min = 0.0f, a_max = -1.0f;
