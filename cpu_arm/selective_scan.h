@@ -223,6 +223,9 @@ inline void scatter_block(void* p, SsType ty, int64_t base, int64_t stride, int 
 #ifndef JSS_PF_LOC
 #define JSS_PF_LOC 3
 #endif
+#ifndef JSS_PF_SPREAD
+#define JSS_PF_SPREAD 1
+#endif
 
 // Prefetch of the rows' elements at time t (the line holding them) for r < nch. The blocks'
 // reads go down nch rows at once, which the hardware prefetchers follow only for some
@@ -342,16 +345,19 @@ constexpr int64_t kSsPrefetchGroup = JSS_PF_GROUP;
 // kSsPrefetchSteps ahead in scan order (out's for writing). (Always inlined, as prefetch_rows:
 // GCC 12 took a function that only prefetches for one without side effects and dropped its
 // calls, leaving no prefetch in pass().)
-JSS_INLINE void prefetch_blocks(const Ctx& c, int64_t t0, bool reverse, bool to_yr) {
+JSS_INLINE void prefetch_blocks(const Ctx& c, int64_t t0, bool reverse, bool to_yr, int r0 = 0, int r1 = -1) {
   const SsParams& p = *c.p;
+  if (r1 < 0) r1 = c.nch;
+  const int64_t base = c.row0 + r0 * c.L;
+  const int nr = r1 - r0;
   for (int64_t g = 0; g < kSsPrefetchGroup; ++g) {
     const int64_t ahead = kSsPrefetchSteps + g * W, tp = reverse ? t0 - ahead : t0 + ahead;
     if (tp < 0 || tp >= c.L) break;
-    prefetch_rows(p.delta, p.delta_t, c.row0, c.L, c.nch, tp, false);
-    prefetch_rows(p.u, p.u_t, c.row0, c.L, c.nch, tp, false);
+    prefetch_rows(p.delta, p.delta_t, base, c.L, nr, tp, false);
+    prefetch_rows(p.u, p.u_t, base, c.L, nr, tp, false);
     if (!to_yr) {
-      if (p.z != nullptr) prefetch_rows(p.z, p.z_t, c.row0, c.L, c.nch, tp, false);
-      prefetch_rows(p.out, p.out_t, c.row0, c.L, c.nch, tp, true);
+      if (p.z != nullptr) prefetch_rows(p.z, p.z_t, base, c.L, nr, tp, false);
+      prefetch_rows(p.out, p.out_t, base, c.L, nr, tp, true);
     }
   }
 }
@@ -383,7 +389,21 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
         for (int64_t n = 0; n < N; ++n) dst[n] = c.hs[n * W + r];
       }
     }
+#if JSS_PF_SPREAD
+    // The group's burst spread over its blocks (block k of the group: the k-th slice of the
+    // rows, each row's 8 lines still at once). Issued all at the group's first block, the
+    // burst's 512 prefetches stalled on full line-fill buffers, more in the reverse
+    // direction, which ran ~20% behind the forward until session 34 (PERFORMANCE_CPU).
+    {
+      const int64_t k = bi % kSsPrefetchGroup;
+      const int64_t tg = reverse ? t0 + k * W : t0 - k * W;  // the group's first block's t0
+      const int r0 = static_cast<int>(k * c.nch / kSsPrefetchGroup);
+      const int r1 = static_cast<int>((k + 1) * c.nch / kSsPrefetchGroup);
+      if (r1 > r0) prefetch_blocks(c, tg, reverse, to_yr, r0, r1);
+    }
+#else
     if (bi % kSsPrefetchGroup == 0) prefetch_blocks(c, t0, reverse, to_yr);
+#endif
     prepare<BVAR, CVAR>(c, t0, nt);
     for (int k = 0; k < nt; ++k) {
       const int tb = reverse ? nt - 1 - k : k;
