@@ -3,8 +3,9 @@
 //
 // The channel path (selective_scan_bwd.h) puts a task's channels in the lanes; a task of one
 // channel uses 1 lane of 16 and ran at ~70 ns per step. Here each channel of the task runs
-// alone with W consecutive steps in the lanes of a vector (a "unit"; the last L mod W steps
-// form a scalar unit, last in scan order). Per direction:
+// with W consecutive steps in the lanes of a vector (a "unit"; the last L mod W steps form a
+// scalar unit, last in memory); the task's channels take each unit in turn, so that B's and
+// C's lines are read once per unit. Per direction:
 //   sweep: the forward recurrence unit by unit in scan order: a unit's states by a
 //     Kogge-Stone scan of the affine pairs (dA, delta u B) over its lanes and one fma with
 //     the state entering it, which is kept as the unit's checkpoint (ck, [units][N]);
@@ -21,8 +22,11 @@
 //      the product of dA over the piece), leaving their whole piece to phase 3;
 //   3: the walk in full from the adjoint entering the piece (gin).
 // Sums over time (dA, dD, delta_bias, invariant B / C) are kept per lane in blocks of kBlk
-// units, then added over blocks and lanes in a fixed order; varying dB / dC rows go to the
-// task's [L][N] partial, the task's channels in order: deterministic, as the channel path.
+// units, then added over blocks and lanes in a fixed order; varying dB / dC rows, summed
+// over the task's channels in order, go to the task's [L][N] partial, or straight into the
+// gradient's [N][L] rows when the task is alone in its group (SsBwdTask::direct_b / _c):
+// deterministic, as the channel path. Bidirectional: the reverse half leaves its du, ddelta
+// and y sums in the du, ddelta and dz rows, which the forward half finishes in place.
 // Work per (t, n): two exp2 (three for a split piece but the last), two lane scans.
 #pragma once
 
