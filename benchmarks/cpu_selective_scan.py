@@ -182,14 +182,9 @@ def main():
             r["ref_skipped"] = "materialises 4 x batch*D*L*N float32 (> 1 GiB): not run"
         rows.append(r)
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("_runs")}), flush=True)
-    commit = os.environ.get("JSS_COMMIT") or subprocess.run(
-        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                machine=f"{platform.machine()} {os.cpu_count()} cores, "
-                        f"{_cpu_model()}; kernel ISA {_cpu.isa()}",
-                commit=commit, jax=jax.__version__, command=" ".join(["python"] + sys.argv),
-                threads=f"XLA intra-op pool ({os.cpu_count()} cores)",
-                note="shared machine: medians, noisy; compile excluded")
+    meta = run_meta(threads=f"XLA intra-op pool ({os.cpu_count()} cores)",
+                    note="shared machine: medians, noisy; compile excluded")
+    meta["machine"] += f"; kernel ISA {_cpu.isa()}"
     s = siso(tempfile.mkdtemp(prefix="jss_siso_")) if not args.quick else None
     result = dict(meta=meta, rows=rows, siso=s)
     with open(args.out + ".json", "w") as f:
@@ -197,6 +192,15 @@ def main():
     with open(args.out + ".md", "w") as f:
         f.write(markdown(result))
     print(markdown(result))
+
+
+def run_meta(**extra):
+    """Date, machine, commit (JSS_COMMIT or git HEAD), jax version and command of this run."""
+    commit = os.environ.get("JSS_COMMIT") or subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                machine=f"{platform.machine()} {os.cpu_count()} cores, {_cpu_model()}",
+                commit=commit, jax=jax.__version__, command=" ".join(["python"] + sys.argv), **extra)
 
 
 def _cpu_model():

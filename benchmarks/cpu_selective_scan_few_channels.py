@@ -14,16 +14,10 @@ kernel's own choice). Writes <out>.json and <out>.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import subprocess
-import sys
 
-import jax
-
-from cpu_selective_scan import HERE, ROOT, _cpu_model, fwd_bwd, kernel, make, timeit_rounds
+from cpu_selective_scan import HERE, fwd_bwd, kernel, make, run_meta, timeit_rounds
 from jax_selscan.selective_scan import selective_scan
 
 
@@ -48,12 +42,8 @@ def main():
         r["fwd_bwd_vs_forward"] = r["fwd_bwd_ms"] / r["forward_ms"]
         rows.append(r)
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("_runs")}), flush=True)
-    commit = os.environ.get("JSS_COMMIT") or subprocess.run(
-        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                machine=f"{platform.machine()} {os.cpu_count()} cores, {_cpu_model()}",
-                commit=commit, jax=jax.__version__, threads=args.threads or "default",
-                command=" ".join(["python"] + sys.argv))
+    meta = run_meta(threads=args.threads or "default")
+    commit = meta["commit"]
     with open(args.out + ".json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     md = ["# CPU selective_scan with few channels: forward and forward + backward\n",

@@ -15,17 +15,11 @@ kernel's threads; read on every call). Writes <out>.json and <out>.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 
-import jax
-
-from cpu_selective_scan import HERE, ROOT, _cpu_model, fwd_bwd, kernel, make, timeit_rounds
+from cpu_selective_scan import HERE, fwd_bwd, kernel, make, run_meta, timeit_rounds
 from jax_selscan.selective_scan import selective_scan
 
 DIRS = ("forward", "reverse", "bidirectional")
@@ -59,12 +53,8 @@ def main():
         r["fused_vs_two_calls_per_round"] = statistics.median((f + v) / b for f, v, b in zip(*runs[:3]))
         rows.append(r)
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("_runs")}), flush=True)
-    commit = os.environ.get("JSS_COMMIT") or subprocess.run(
-        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                machine=f"{platform.machine()} {os.cpu_count()} cores, {_cpu_model()}",
-                commit=commit, jax=jax.__version__, threads=args.threads,
-                command=" ".join(["python"] + sys.argv))
+    meta = run_meta(threads=args.threads)
+    commit = meta["commit"]
     res = dict(meta=meta, rows=rows)
     with open(args.out + ".json", "w") as f:
         json.dump(res, f, indent=1)

@@ -167,7 +167,7 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
   const int64_t tasks = batch * groups * tiles_per_group;
   // Along-L tasks (one per gcd-group) alone in their B (C) group write its varying dB (dC)
   // straight into the gradient's [N][L] rows: no partial, no reduction.
-  const bool narrow_tasks = per_group * 4 <= lanes && ss_use_narrow(lanes, per_group, L);
+  const bool narrow_tasks = ss_use_narrow(lanes, per_group, L);  // (implies one tile per group)
   const bool direct_b = p.b_var && narrow_tasks && per_group == Dm / p.b_groups;
   const bool direct_c = p.c_var && narrow_tasks && per_group == Dm / p.c_groups;
   auto task_at = [&](int64_t i, SsBwdTask& t) {
