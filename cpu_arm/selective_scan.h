@@ -341,24 +341,32 @@ constexpr float kSsCarryDrop = 9.3132257e-10f;  // 2^-30
 constexpr int64_t kSsPrefetchSteps = JSS_PF_STEPS;
 constexpr int64_t kSsPrefetchGroup = JSS_PF_GROUP;
 
-// The burst due at block t0: every row's line of each of the kSsPrefetchGroup blocks from
-// kSsPrefetchSteps ahead in scan order (out's for writing). (Always inlined, as prefetch_rows:
-// GCC 12 took a function that only prefetches for one without side effects and dropped its
-// calls, leaving no prefetch in pass().)
-JSS_INLINE void prefetch_blocks(const Ctx& c, int64_t t0, bool reverse, bool to_yr, int r0 = 0, int r1 = -1) {
-  const SsParams& p = *c.p;
-  if (r1 < 0) r1 = c.nch;
-  const int64_t base = c.row0 + r0 * c.L;
-  const int nr = r1 - r0;
+// The burst due at scan-order block bi (first step t0; `down`: travelling towards t = 0):
+// rows(tp, r0, r1) prefetches rows [r0, r1) of the nch rows at step tp, for the first step tp of
+// each of the kSsPrefetchGroup blocks from kSsPrefetchSteps ahead. With JSS_PF_SPREAD, block k
+// of each group issues the k-th slice of the rows of the burst due at the group's first block,
+// each row's lines still together: issued all at once (up to 896 prefetches in the backward's
+// walk), the burst stalled on full line-fill buffers (PERFORMANCE_CPU, sessions 34 and 35).
+// Shared by the forward's pass() and the backward's walk. (Always inlined, with JSS_INLINE_LAMBDA
+// on `rows`: GCC 12 took a function that only prefetches for one without side effects and
+// dropped its calls, leaving no prefetch.)
+template <class Rows>
+JSS_INLINE void prefetch_burst(int64_t bi, int64_t t0, bool down, int64_t L, int nch, Rows&& rows) {
+#if JSS_PF_SPREAD
+  const int64_t k = bi % kSsPrefetchGroup;
+  const int64_t tg = down ? t0 + k * W : t0 - k * W;  // the group's first block's t0
+  const int r0 = static_cast<int>(k * nch / kSsPrefetchGroup);
+  const int r1 = static_cast<int>((k + 1) * nch / kSsPrefetchGroup);
+  if (r1 <= r0) return;
+#else
+  if (bi % kSsPrefetchGroup != 0) return;
+  const int64_t tg = t0;
+  const int r0 = 0, r1 = nch;
+#endif
   for (int64_t g = 0; g < kSsPrefetchGroup; ++g) {
-    const int64_t ahead = kSsPrefetchSteps + g * W, tp = reverse ? t0 - ahead : t0 + ahead;
-    if (tp < 0 || tp >= c.L) break;
-    prefetch_rows(p.delta, p.delta_t, base, c.L, nr, tp, false);
-    prefetch_rows(p.u, p.u_t, base, c.L, nr, tp, false);
-    if (!to_yr) {
-      if (p.z != nullptr) prefetch_rows(p.z, p.z_t, base, c.L, nr, tp, false);
-      prefetch_rows(p.out, p.out_t, base, c.L, nr, tp, true);
-    }
+    const int64_t ahead = kSsPrefetchSteps + g * W, tp = down ? tg - ahead : tg + ahead;
+    if (tp < 0 || tp >= L) break;
+    rows(tp, r0, r1);
   }
 }
 
@@ -389,21 +397,16 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
         for (int64_t n = 0; n < N; ++n) dst[n] = c.hs[n * W + r];
       }
     }
-#if JSS_PF_SPREAD
-    // The group's burst spread over its blocks (block k of the group: the k-th slice of the
-    // rows, each row's 8 lines still at once). Issued all at the group's first block, the
-    // burst's 512 prefetches stalled on full line-fill buffers, more in the reverse
-    // direction, which ran ~20% behind the forward until session 34 (PERFORMANCE_CPU).
-    {
-      const int64_t k = bi % kSsPrefetchGroup;
-      const int64_t tg = reverse ? t0 + k * W : t0 - k * W;  // the group's first block's t0
-      const int r0 = static_cast<int>(k * c.nch / kSsPrefetchGroup);
-      const int r1 = static_cast<int>((k + 1) * c.nch / kSsPrefetchGroup);
-      if (r1 > r0) prefetch_blocks(c, tg, reverse, to_yr, r0, r1);
-    }
-#else
-    if (bi % kSsPrefetchGroup == 0) prefetch_blocks(c, t0, reverse, to_yr);
-#endif
+    prefetch_burst(bi, t0, reverse, c.L, c.nch, [&](int64_t tp, int r0, int r1) JSS_INLINE_LAMBDA {
+      const int64_t base = c.row0 + r0 * c.L;
+      const SsParams& p = *c.p;
+      prefetch_rows(p.delta, p.delta_t, base, c.L, r1 - r0, tp, false);
+      prefetch_rows(p.u, p.u_t, base, c.L, r1 - r0, tp, false);
+      if (!to_yr) {
+        if (p.z != nullptr) prefetch_rows(p.z, p.z_t, base, c.L, r1 - r0, tp, false);
+        prefetch_rows(p.out, p.out_t, base, c.L, r1 - r0, tp, true);
+      }
+    });
     prepare<BVAR, CVAR>(c, t0, nt);
     for (int k = 0; k < nt; ++k) {
       const int tb = reverse ? nt - 1 - k : k;

@@ -287,27 +287,25 @@ inline void init_g(const BCtx& c, const float* dlast) {
       c.g[n * W + r] = (dlast != nullptr && r < c.nch) ? dlast[(c.b * p.dim + c.d0 + r) * c.N + n] : 0.0f;
 }
 
-// The walk's prefetch, in bursts as the forward's (ss::prefetch_blocks): the rows' lines of the
-// kSsPrefetchGroup blocks from kSsPrefetchSteps ahead in the walk's order (`down`: towards
-// t = 0) of every row the walk reads, and of those it writes when `final`. Without it the
-// backward ran 16% slower at L 1024 and 2048 than at 1040 and 2064 with page-aligned rows
-// (PERFORMANCE_CPU, session 33). Always inlined (see ss::prefetch_blocks).
-JSS_INLINE void prefetch_walk(const BCtx& c, int64_t t0, bool down, bool final) {
-  const SsParams& p = *c.p;
-  const SsBwdParams& q = *c.q;
-  for (int64_t g = 0; g < ss::kSsPrefetchGroup; ++g) {
-    const int64_t ahead = ss::kSsPrefetchSteps + g * W, tp = down ? t0 - ahead : t0 + ahead;
-    if (tp < 0 || tp >= c.L) break;
-    ss::prefetch_rows(p.delta, p.delta_t, c.row0, c.L, c.nch, tp, false);
-    ss::prefetch_rows(p.u, p.u_t, c.row0, c.L, c.nch, tp, false);
-    ss::prefetch_rows(q.dout, q.dout_t, c.row0, c.L, c.nch, tp, false);
-    if (p.z != nullptr) ss::prefetch_rows(p.z, p.z_t, c.row0, c.L, c.nch, tp, false);
+// The walk's prefetch (ss::prefetch_burst, in the walk's order): the rows the walk reads, and
+// those it writes when `final`. Without it the backward ran 16% slower at L 1024 and 2048 than
+// at 1040 and 2064 with page-aligned rows (PERFORMANCE_CPU, session 33).
+JSS_INLINE void prefetch_walk(const BCtx& c, int64_t s, int64_t t0, bool down, bool final) {
+  ss::prefetch_burst(s, t0, down, c.L, c.nch, [&](int64_t tp, int r0, int r1) JSS_INLINE_LAMBDA {
+    const SsParams& p = *c.p;
+    const SsBwdParams& q = *c.q;
+    const int64_t base = c.row0 + r0 * c.L;
+    const int nr = r1 - r0;
+    ss::prefetch_rows(p.delta, p.delta_t, base, c.L, nr, tp, false);
+    ss::prefetch_rows(p.u, p.u_t, base, c.L, nr, tp, false);
+    ss::prefetch_rows(q.dout, q.dout_t, base, c.L, nr, tp, false);
+    if (p.z != nullptr) ss::prefetch_rows(p.z, p.z_t, base, c.L, nr, tp, false);
     if (final) {
-      ss::prefetch_rows(q.du, SsType::kF32, c.row0, c.L, c.nch, tp, true);
-      ss::prefetch_rows(q.ddelta, SsType::kF32, c.row0, c.L, c.nch, tp, true);
-      if (q.dz != nullptr) ss::prefetch_rows(q.dz, SsType::kF32, c.row0, c.L, c.nch, tp, true);
+      ss::prefetch_rows(q.du, SsType::kF32, base, c.L, nr, tp, true);
+      ss::prefetch_rows(q.ddelta, SsType::kF32, base, c.L, nr, tp, true);
+      if (q.dz != nullptr) ss::prefetch_rows(q.dz, SsType::kF32, base, c.L, nr, tp, true);
     }
-  }
+  });
 }
 
 // The adjoint walk over scan-order blocks s_hi - 1 down to s_lo, from the adjoint in c.g
@@ -327,7 +325,7 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
     const int64_t blk = rev ? c.nblocks - 1 - s : s;
     const int64_t t0 = blk * W;
     const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
-    if ((s_hi - 1 - s) % ss::kSsPrefetchGroup == 0) prefetch_walk(c, t0, !rev, final);
+    prefetch_walk(c, s_hi - 1 - s, t0, !rev, final);
     prepare<BVAR, CVAR, true>(c, t0, nt);
     const float* ck = c.ckpt + blk * N * W;
     // Recompute the block's states (scan order).
