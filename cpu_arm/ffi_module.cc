@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "linear_scan_cpu.h"
+#include "huge_pages.h"
 #include "pool_executor.h"
 #include "selective_scan_cpu.h"  // select_ss_table (ss_lanes)
 #include "nanobind/nanobind.h"
@@ -29,21 +30,6 @@ namespace nb = nanobind;
 
 namespace jax_selscan {
 namespace {
-
-// XLA hands us a fresh output buffer on most calls; first-touching it page by page costs
-// about as much as the scan itself on a VM. Asking for transparent huge pages on its
-// 2 MiB-aligned interior (where THP is "madvise") cuts the faults 512-fold. Advisory only.
-void advise_huge_pages(void* data, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  if (bytes < 2 * kHuge) return;
-  uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
-  uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)data; (void)bytes;
-#endif
-}
 
 ffi::Error to_dtype(ffi::DataType t, DType* out) {
   switch (t) {

@@ -34,12 +34,9 @@
 #include <string>
 #include <utility>
 
-#if defined(__linux__)
-#include <sys/mman.h>  // madvise
-#endif
-
 #include "selective_scan_bwd_cpu.h"
 #include "selective_scan_cpu.h"
+#include "huge_pages.h"
 #include "pool_executor.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -47,23 +44,6 @@ namespace ffi = xla::ffi;
 
 namespace jax_selscan {
 namespace {
-
-// The output is a fresh XLA buffer on most calls: first-touch page faults cost a
-// large part of a memory-bound call on a VM (see the linear scan's round 5 in
-// docs/PERFORMANCE_CPU.md). Ask for transparent huge pages on its 2 MiB-aligned
-// interior (effective where THP is "madvise"; advisory only, results unchanged).
-void advise_huge_pages_out(void* data, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  if (bytes < 2 * kHuge) return;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)data;
-  (void)bytes;
-#endif
-}
 
 bool ss_type(ffi::DataType t, SsType* out) {
   switch (t) {
@@ -191,8 +171,8 @@ ffi::Error SelectiveScanCommon(ffi::ThreadPool& pool, ffi::AnyBuffer u, ffi::Any
   std::string error;
   const SsTable* table = select_ss_table(&error);
   if (table == nullptr) return bad(error);
-  advise_huge_pages_out(p.out, out->size_bytes());
-  if (p.ckpt != nullptr) advise_huge_pages_out(p.ckpt, ckpt->size_bytes());
+  advise_huge_pages(p.out, out->size_bytes());
+  if (p.ckpt != nullptr) advise_huge_pages(p.ckpt, ckpt->size_bytes());
   PoolExecutor executor(pool, "JAX_SELSCAN_CPU_THREADS");
   try {
     selective_scan_cpu(p, *table, executor);
@@ -282,6 +262,7 @@ ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::Any
     if (o.res->element_type() != ffi::F32 || numel(*o.res) != numel(*o.like))
       return bad(std::string(o.name) + " must be float32 with its operand's shape");
     *o.dst = static_cast<float*>(o.res->untyped_data());
+    advise_huge_pages(*o.dst, o.res->size_bytes());
   }
   std::string error;
   const SsBwdTable* table = select_ss_bwd_table(&error);
