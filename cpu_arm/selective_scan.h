@@ -14,9 +14,10 @@
 // silu(z) and D * u once per output block.
 //
 // Bidirectional: the reverse pass runs first, computes dA once, keeps it in a
-// per-task buffer (length * N * lanes floats) and keeps its y (before D and
-// the gate) in another; the forward pass then reads dA instead of
-// recomputing the exponentials, and writes out = (y_fwd + y_rev + 2 D u) *
+// per-task buffer (for the lowest SsTask::dA_blocks blocks: the ones it visits
+// last, as many as fit the cache) and keeps its y (before D and the gate) in
+// another; the forward pass then reads those dA instead of recomputing the
+// exponentials (and recomputes the rest), and writes out = (y_fwd + y_rev + 2 D u) *
 // silu(z). The two directions' arithmetic is exactly that of two separate
 // calls (same operations in the same order), so the fused result equals
 // forward + reverse computed separately up to the final rounding of the sum.
@@ -251,7 +252,8 @@ struct Ctx {
   float *dl, *du, *ub, *yb, *tmp;      // [W][W]
   float *Dv, *biasv;                   // [W]
   float* yr;                           // [L][W]
-  float* dA;                           // [L][N][W] or null
+  float* dA;                           // [dA_blocks * W][N][W] or null
+  int64_t dA_blocks;                   // blocks of W steps from t = 0 kept in dA
   float* Ps;                           // [N][W] dA's running product (L split)
   float* ck;                           // checkpoints of this pass's direction (channel d0's
                                        // row + 1 + set offset; rows ckpt_row apart) or null
@@ -526,16 +528,21 @@ void run_task(const Ctx& c, const SsTask& t) {
       pass<NS, BVAR, CVAR, 0>(c, true, false, false);
       save_state(c, p.last_rev);
       break;
-    case SsDirection::kBidirectional:
-      if (c.dA != nullptr) pass<NS, BVAR, CVAR, 1>(c, true, true, false);
-      else pass<NS, BVAR, CVAR, 0>(c, true, true, false);
+    case SsDirection::kBidirectional: {
+      // dA of blocks [0, kb) is kept: the reverse pass's last kb blocks in its scan order,
+      // the forward pass's first kb. Kept or recomputed, the values are the same.
+      const int64_t nb = (c.L + W - 1) / W;
+      const int64_t kb = c.dA == nullptr ? 0 : c.dA_blocks < nb ? c.dA_blocks : nb;
+      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, true, true, false, 0, nb - kb);
+      if (kb > 0) pass<NS, BVAR, CVAR, 1>(c, true, true, false, nb - kb, nb);
       save_state(c, p.last_rev);
       init_state(c);
       if (row != nullptr) cm.ck = row + 1 + set;
-      if (c.dA != nullptr) pass<NS, BVAR, CVAR, 2>(c, false, false, true);
-      else pass<NS, BVAR, CVAR, 0>(c, false, false, true);
+      if (kb > 0) pass<NS, BVAR, CVAR, 2>(c, false, false, true, 0, kb);
+      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, false, false, true, kb, nb);
       save_state(c, p.last_fwd);
       break;
+    }
   }
   cm.ck = nullptr;
   if (row != nullptr)
@@ -1007,6 +1014,7 @@ inline void run(const SsParams& p, const SsTask& t) {
   c.Dv = take(W); c.biasv = take(W);
   c.yr = t.split ? t.yr : p.direction == SsDirection::kBidirectional ? take(c.L * W) : nullptr;
   c.dA = t.split ? nullptr : t.dA;
+  c.dA_blocks = c.dA != nullptr ? t.dA_blocks : 0;
   c.Ps = take(c.N * W);
   c.ck = nullptr;
 

@@ -58,8 +58,10 @@ inline int64_t ss_ckpt_row(int64_t lanes, int64_t dstate, int64_t length, SsDire
 
 // One task: batch row `b`, channels [d0, d0 + nch) with nch <= lanes, all in
 // one B group and one C group. `work` holds ss_work_floats(...) floats (64-byte
-// aligned); `dA` (bidirectional only, may be null: then the reverse pass
-// recomputes exp(delta A)) holds length * dstate * lanes floats.
+// aligned); `dA` (bidirectional only, may be null: then the forward pass
+// recomputes exp(delta A)) holds dA_blocks * lanes * dstate * lanes floats: the
+// exponentials of the first dA_blocks blocks of lanes steps, kept by the reverse
+// pass for the forward pass (the rest are recomputed).
 //
 // L split (split = 1): the task is one direction (`reverse`) of one piece
 // `piece` of `pieces` contiguous ranges of the scanned axis (ranges of whole
@@ -78,6 +80,7 @@ struct SsTask {
   int64_t b, d0, nch;
   float* work;
   float* dA;
+  int64_t dA_blocks;
   int32_t split, phase, reverse, yr_mode;  // yr_mode: 0 none, 1 write yr, 2 add yr
   int64_t piece, pieces;
   const float* hin;

@@ -103,11 +103,15 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
   if (pieces > 1) p.ckpt = nullptr;
   const int64_t work_floats = ss_work_floats(lanes, p.dstate, p.length, bidi && pieces <= 1);
   if (pieces <= 1) {
-    const int64_t da_floats = p.length * p.dstate * lanes;
+    // Bidirectional: the exponentials of as many leading blocks as the limit allows are kept.
+    const int64_t block_floats = lanes * p.dstate * lanes;
     int64_t max_da = ss_default_da_bytes();
     if (const char* env = std::getenv("JAX_SELSCAN_SS_DA_BYTES"); env != nullptr && env[0] != '\0')
       max_da = std::strtoll(env, nullptr, 10);
-    const bool keep_da = bidi && da_floats * int64_t(sizeof(float)) <= max_da;
+    const int64_t da_blocks =
+        bidi ? std::min((p.length + lanes - 1) / lanes, std::max<int64_t>(0, max_da) / (block_floats * 4)) : 0;
+    const int64_t da_floats = da_blocks * block_floats;
+    const bool keep_da = da_blocks > 0;
     const int64_t workers = std::min<int64_t>(threads, tasks);
     std::atomic<int64_t> next{0};
     auto worker = [&](int64_t) {
@@ -118,6 +122,7 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
         task_at(i, t);
         t.work = work.get();
         t.dA = da.get();
+        t.dA_blocks = da_blocks;
         table.run(p, t);
       }
     };

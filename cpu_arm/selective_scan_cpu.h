@@ -18,9 +18,10 @@ const SsTable* select_ss_table(std::string* error);
 
 // Runs one call. Tasks are (batch row, tile of `lanes` channels of one group);
 // they are spread over the executor's threads, each thread reusing one
-// workspace. Bidirectional calls keep exp(delta A) of a task in a buffer of
-// length * dstate * lanes floats when that is at most ss_default_da_bytes(): kSsMaxDABytes,
-// or on Intel x86 half the L2 if that is more. The buffer must stay in L2 (and then some) to
+// workspace. Bidirectional calls keep exp(delta A) of a task's leading blocks of lanes steps
+// (lanes * dstate * lanes floats each; all of them when they fit) in a buffer of at most
+// ss_default_da_bytes(): kSsMaxDABytes, or on Intel x86 half the L2 if that is more. Until
+// session 35 a sequence over the limit kept none (PERFORMANCE_CPU). The buffer must stay in L2 (and then some) to
 // beat recomputing: on Zen 4 (1 MiB L2), one core, D 128, N 16, the fused call was 1.14x of two
 // calls at L 128 (128 KiB), 0.97x at L 256, 0.9x with 2 MiB; on an Intel core with 2 MiB of L2,
 // 1.29x at 512 KiB, 1.24x at 1 MiB, 0.63x at 2 MiB (PERFORMANCE_CPU, session 25). The

@@ -250,6 +250,24 @@ void run_case(const Case& c, const SsTable& table, uint32_t seed) {
     for (size_t i = 0; i < sum.size(); ++i) sum[i] = double(f.out[i]) + double(r.out[i]);
     CHECK((e = rel_err(bi.out, sum)) <= 1e-6, "%s fused bidirectional vs forward + reverse: %.3g", what, e);
   }
+  // The kept exp(delta A) are the recomputed ones: keeping none, the first block only, all
+  // but the last block, or all of them gives the same bits (channel path; the along-L path
+  // keeps none).
+  {
+    const int64_t block_bytes = table.lanes * c.N * table.lanes * 4, nb = (c.L + table.lanes - 1) / table.lanes;
+    for (int64_t kb : {int64_t(0), int64_t(1), nb - 1, nb + 1}) {
+      if (kb < 0) continue;
+      setenv("JAX_SELSCAN_SS_DA_BYTES", std::to_string(kb * block_bytes).c_str(), 1);
+      const Result bk = run(c, x, SsDirection::kBidirectional, table, one);
+      CHECK(std::memcmp(bk.out.data(), bi.out.data(), bi.out.size() * sizeof(bi.out[0])) == 0,
+            "%s bidi keeping dA of %lld blocks of %lld != default", what, (long long)kb, (long long)nb);
+      if (c.last)
+        CHECK(std::memcmp(bk.lf.data(), bi.lf.data(), 4 * bi.lf.size()) == 0 &&
+                  std::memcmp(bk.lr.data(), bi.lr.data(), 4 * bi.lr.size()) == 0,
+              "%s bidi last states keeping dA of %lld blocks != default", what, (long long)kb);
+    }
+    unsetenv("JAX_SELSCAN_SS_DA_BYTES");
+  }
   // Threads. With at least as many tasks as threads every task is computed the same
   // way whichever thread runs it (bit-identical to one thread); with fewer, L is
   // split into pieces (results differ by float rounding: compared with the float64
