@@ -64,6 +64,8 @@ struct BCtx {
   float *Dv, *biasv;                  // [W] (Dv = k * D)
   float *ckpt;                        // [nblocks][N][W]
   float *E, *H;                       // [W][N][W]
+  float* Ek;                          // bidirectional: the kept E of the last Ek_blocks blocks
+  int64_t Ek_blocks;                  // ([Ek_blocks][W][N][W]; blocks nblocks - Ek_blocks ..)
   float *ysum, *dub, *ddt;            // [L][W] (bidirectional: the reverse half's sums)
   float *dl, *uu, *dy, *zb, *dout;    // [W][W] block rows (transposed: [step][lane])
   float *sg, *bdu, *bdd, *by;         // [W][W] sigmoid(delta + bias); the block's sums
@@ -309,9 +311,12 @@ JSS_INLINE void prefetch_walk(const BCtx& c, int64_t s, int64_t t0, bool down, b
 }
 
 // The adjoint walk over scan-order blocks s_hi - 1 down to s_lo, from the adjoint in c.g
-// (left there at the end), accumulating every gradient.
+// (left there at the end), accumulating every gradient. `kept` (bidirectional, unsplit):
+// 1 the reverse walk writes the E of the blocks t >= (nblocks - Ek_blocks) W into c.Ek,
+// 2 the forward walk, which visits them first, reads them there instead of recomputing
+// the exponentials (the same values: the gradients do not change).
 template <int NS, bool BVAR, bool CVAR>
-void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64_t s_lo) {
+void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64_t s_lo, int kept = 0) {
   const bool bidi = c.p->direction == SsDirection::kBidirectional;
   const SsParams& p = *c.p;
   const int64_t N = NS > 0 ? NS : c.N;
@@ -328,8 +333,11 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
     prefetch_walk(c, s_hi - 1 - s, t0, !rev, final);
     prepare<BVAR, CVAR, true>(c, t0, nt);
     const float* ck = c.ckpt + blk * N * W;
+    const int64_t kslot = blk - (c.nblocks - c.Ek_blocks);
+    float* const E = kept != 0 && kslot >= 0 ? c.Ek + kslot * W * N * W : c.E;
+    const bool read_e = kept == 2 && kslot >= 0;
     // Recompute the block's states (scan order).
-    {
+    auto recompute = [&](auto read_tag) JSS_INLINE_LAMBDA {
       VF hr[NS > 0 ? NS : 1];
       if constexpr (NS > 0) {
         JSS_UNROLL
@@ -341,15 +349,20 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
         const int tb = rev ? nt - 1 - k : k;
         const VF dlv = simd::load(c.dl + tb * W);
         const VF duv = simd::mul(dlv, simd::load(c.uu + tb * W));
-        const bool fast = fast_range(c, dlv);
-        float* Ek = c.E + tb * N * W;
+        const bool fast = decltype(read_tag)::value || fast_range(c, dlv);
+        float* Ek = E + tb * N * W;
         float* Hk = c.H + tb * N * W;
         VF y = simd::broadcast(0.0f);
         auto step = [&](int64_t n, VF h) JSS_INLINE_LAMBDA {
-          const VF a = exp_da(fast, simd::mul(dlv, simd::load(c.A2 + n * W)));
+          VF a;
+          if constexpr (decltype(read_tag)::value) {
+            a = simd::load(Ek + n * W);
+          } else {
+            a = exp_da(fast, simd::mul(dlv, simd::load(c.A2 + n * W)));
+            simd::store(Ek + n * W, a);
+          }
           const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
           h = simd::fma(a, h, simd::mul(duv, bb));
-          simd::store(Ek + n * W, a);
           simd::store(Hk + n * W, h);
           if (want_y) {
             const VF cc = CVAR ? simd::broadcast(c.Cb[n * W + tb]) : simd::load(c.Ci + n * W);
@@ -365,12 +378,14 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
         }
         if (want_y) simd::store(c.by + tb * W, y);
       }
-    }
+    };
+    if (read_e) recompute(std::true_type());
+    else recompute(std::false_type());
     // The adjoint, steps in reverse scan order.
     for (int k = nt - 1; k >= 0; --k) {
       const int tb = rev ? nt - 1 - k : k;
       const float* hp = k == 0 ? ck : c.H + (rev ? tb + 1 : tb - 1) * N * W;
-      const float* Ek = c.E + tb * N * W;
+      const float* Ek = E + tb * N * W;
       const float* Hk = c.H + tb * N * W;
       const VF dyv = simd::load(c.dy + tb * W);
       const VF dtv = simd::load(c.dl + tb * W);
@@ -472,7 +487,7 @@ void run_dirs(BCtx& c, const SsBwdTask& t) {
       sweep<NS, BVAR>(c, true, 0, c.nblocks);
     }
     init_g(c, c.q->dlast_rev);
-    walk<NS, BVAR, CVAR>(c, t, true, p.direction == SsDirection::kReverse, c.nblocks, 0);
+    walk<NS, BVAR, CVAR>(c, t, true, p.direction == SsDirection::kReverse, c.nblocks, 0, c.Ek != nullptr ? 1 : 0);
     for (int64_t i = 0; i < NW; ++i) c.gh0[i] += c.g[i];
   }
   if (p.direction != SsDirection::kReverse) {
@@ -483,7 +498,7 @@ void run_dirs(BCtx& c, const SsBwdTask& t) {
       sweep<NS, BVAR>(c, false, 0, c.nblocks);
     }
     init_g(c, c.q->dlast_fwd);
-    walk<NS, BVAR, CVAR>(c, t, false, true, c.nblocks, 0);
+    walk<NS, BVAR, CVAR>(c, t, false, true, c.nblocks, 0, c.Ek != nullptr ? 2 : 0);
     for (int64_t i = 0; i < NW; ++i) c.gh0[i] += c.g[i];
   }
 }
@@ -588,6 +603,8 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
   c.ckpt = t.split ? t.ckbuf : take(c.nblocks * NW);
   c.E = take(W * NW); c.H = take(W * NW);
   const bool bidi = p.direction == SsDirection::kBidirectional;
+  c.Ek = bidi && !t.split && t.dA_blocks > 0 ? t.dA : nullptr;
+  c.Ek_blocks = c.Ek != nullptr ? (t.dA_blocks < c.nblocks ? t.dA_blocks : c.nblocks) : 0;
   if (bidi && t.split) {
     c.ysum = t.sums; c.dub = t.sums + c.L * W; c.ddt = t.sums + 2 * c.L * W;
   } else if (bidi) {

@@ -77,6 +77,11 @@ struct SsBwdTask {
   const float* gin;
   float *gend, *qtot;
   int64_t* gwin;
+  // Bidirectional, unsplit: a buffer for the exp(delta A) of the last dA_blocks blocks of
+  // lanes steps ([dA_blocks][lanes][dstate][lanes]), written by the reverse half's walk and
+  // read by the forward half's (null / 0: both recompute).
+  float* dA;
+  int64_t dA_blocks;
 };
 
 struct SsBwdTable {

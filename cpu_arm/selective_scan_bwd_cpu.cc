@@ -215,11 +215,22 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
     const int64_t work_floats =
         ss_bwd_work_floats(lanes, N, L, false, p.direction == SsDirection::kBidirectional);
     const int64_t workers = std::min<int64_t>(threads, var ? items : tasks);
+    // Bidirectional: the exp(delta A) of as many of the last blocks as the forward's limit
+    // allows pass from the reverse half's walk to the forward half's (ss_default_da_bytes).
+    const int64_t block_floats = lanes * N * lanes;
+    int64_t max_da = ss_default_da_bytes();
+    if (const char* env = std::getenv("JAX_SELSCAN_SS_DA_BYTES"); env != nullptr && env[0] != '\0')
+      max_da = std::strtoll(env, nullptr, 10);
+    const int64_t da_blocks = p.direction == SsDirection::kBidirectional && !narrow_tasks
+                                  ? std::min(nblocks, std::max<int64_t>(0, max_da) / (block_floats * 4))
+                                  : 0;
     std::atomic<int64_t> next{0};
-    auto run_task = [&](int64_t i, int64_t item, bool accumulate, float* work) {
+    auto run_task = [&](int64_t i, int64_t item, bool accumulate, float* work, float* da) {
       SsBwdTask t{};
       task_at(i, t);
       t.work = work;
+      t.dA = da;
+      t.dA_blocks = da != nullptr ? da_blocks : 0;
       t.pA = pA.get() + i * NW;
       if (!t.direct_b) t.pB = pB.get() + (p.b_var ? item : i) * pb_floats;
       if (!t.direct_c) t.pC = pC.get() + (p.c_var ? item : i) * pc_floats;
@@ -230,14 +241,16 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
     };
     auto worker = [&](int64_t) {
       FloatBuffer work = alloc_floats(work_floats);
+      FloatBuffer da = da_blocks > 0 ? alloc_floats(da_blocks * block_floats) : FloatBuffer();
       if (!var) {
-        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) run_task(i, 0, false, work.get());
+        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tasks;)
+          run_task(i, 0, false, work.get(), da.get());
         return;
       }
       for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
         const int64_t bg = it / slabs, s = it % slabs;  // bg = b * groups + g
         const int64_t k0 = s * tiles_per_group / slabs, k1 = (s + 1) * tiles_per_group / slabs;
-        for (int64_t k = k0; k < k1; ++k) run_task(bg * tiles_per_group + k, it, k > k0, work.get());
+        for (int64_t k = k0; k < k1; ++k) run_task(bg * tiles_per_group + k, it, k > k0, work.get(), da.get());
       }
     };
     if (workers <= 1) worker(0);

@@ -554,6 +554,18 @@ void run_bwd_case(const Case& c, const SsBwdTable& table, const SsTable& fwd, ui
     const BwdOut g3 = run_bwd(c, x, k, dir, table, three);
     const BwdOut g4 = run_bwd(c, x, k, dir, table, four);
     CHECK(same_bits(got, g3) && same_bits(got, g4), "%s dir %d: threads change the gradients", what, int(dir));
+    // Bidirectional: the forward half reads the reverse half's kept exp(delta A) for the last
+    // blocks; none, one, all but one or all kept give the same bits.
+    if (dir == SsDirection::kBidirectional) {
+      const int64_t block_bytes = table.lanes * c.N * table.lanes * 4, nb = (c.L + table.lanes - 1) / table.lanes;
+      for (int64_t kb : {int64_t(0), int64_t(1), nb - 1, nb + 1}) {
+        if (kb < 0) continue;
+        setenv("JAX_SELSCAN_SS_DA_BYTES", std::to_string(kb * block_bytes).c_str(), 1);
+        CHECK(same_bits(got, run_bwd(c, x, k, dir, table, one)), "%s bidi backward keeping dA of %lld of %lld blocks",
+              what, (long long)kb, (long long)nb);
+      }
+      unsetenv("JAX_SELSCAN_SS_DA_BYTES");
+    }
     // The forward's checkpoints (SsParams::ckpt) instead of the sweep: the same bits. On one
     // thread every channel-path row is written (along-L tasks leave theirs unwritten); on
     // four threads the L split may leave all unwritten (the backward then sweeps).
