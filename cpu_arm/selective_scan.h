@@ -227,6 +227,12 @@ inline void scatter_block(void* p, SsType ty, int64_t base, int64_t stride, int 
 #ifndef JSS_PF_SPREAD
 #define JSS_PF_SPREAD 1
 #endif
+#ifndef JSS_PF_FWD_SUB
+#define JSS_PF_FWD_SUB 4
+#endif
+#ifndef JSS_PF_BWD_SUB
+#define JSS_PF_BWD_SUB 16
+#endif
 
 // Prefetch of the rows' elements at time t (the line holding them) for r < nch. The blocks'
 // reads go down nch rows at once, which the hardware prefetchers follow only for some
@@ -342,34 +348,42 @@ constexpr float kSsCarryDrop = 9.3132257e-10f;  // 2^-30
 // PERFORMANCE_CPU, session 33.)
 constexpr int64_t kSsPrefetchSteps = JSS_PF_STEPS;
 constexpr int64_t kSsPrefetchGroup = JSS_PF_GROUP;
+// Slices of a block's share of a burst (prefetch_burst's nsub): issued at that many evenly
+// spaced steps of the forward's pass() and of the backward's walk (each divides W; clamped to W).
+constexpr int kSsFwdPrefetchSub = JSS_PF_FWD_SUB < W ? JSS_PF_FWD_SUB : W;
+constexpr int kSsBwdPrefetchSub = JSS_PF_BWD_SUB < W ? JSS_PF_BWD_SUB : W;
 
 // The burst due at scan-order block bi (first step t0; `down`: travelling towards t = 0):
 // rows(tp, r0, r1) prefetches rows [r0, r1) of the nch rows at step tp, for the first step tp of
-// each of the kSsPrefetchGroup blocks from kSsPrefetchSteps ahead. With JSS_PF_SPREAD, block k
-// of each group issues the k-th slice of the rows of the burst due at the group's first block,
-// each row's lines still together: issued all at once (up to 896 prefetches in the backward's
-// walk), the burst stalled on full line-fill buffers (PERFORMANCE_CPU, sessions 34 and 35).
-// Shared by the forward's pass() and the backward's walk. (Always inlined, with JSS_INLINE_LAMBDA
-// on `rows`: GCC 12 took a function that only prefetches for one without side effects and
-// dropped its calls, leaving no prefetch.)
+// each of the kSsPrefetchGroup blocks from kSsPrefetchSteps ahead. With JSS_PF_SPREAD the
+// burst due at a group's first block is cut into kSsPrefetchGroup * nsub slices of its
+// (row, block) items, a row's lines kept together, and block k of the group issues slices
+// k * nsub .. k * nsub + nsub - 1 (one per call, `sub`): issued all at once (up to 896
+// prefetches in the backward's walk) or a block's share at once (112), the bursts stalled on
+// full line-fill buffers (PERFORMANCE_CPU, sessions 34 and 35). Shared by the forward's pass()
+// and the backward's walk. (Always inlined, with JSS_INLINE_LAMBDA on `rows`: GCC 12 took a
+// function that only prefetches for one without side effects and dropped its calls.)
 template <class Rows>
-JSS_INLINE void prefetch_burst(int64_t bi, int64_t t0, bool down, int64_t L, int nch, Rows&& rows) {
+JSS_INLINE void prefetch_burst(int64_t bi, int64_t t0, bool down, int64_t L, int nch, Rows&& rows, int sub = 0,
+                               int nsub = 1) {
 #if JSS_PF_SPREAD
   const int64_t k = bi % kSsPrefetchGroup;
   const int64_t tg = down ? t0 + k * W : t0 - k * W;  // the group's first block's t0
-  const int r0 = static_cast<int>(k * nch / kSsPrefetchGroup);
-  const int r1 = static_cast<int>((k + 1) * nch / kSsPrefetchGroup);
-  if (r1 <= r0) return;
-#else
-  if (bi % kSsPrefetchGroup != 0) return;
-  const int64_t tg = t0;
-  const int r0 = 0, r1 = nch;
-#endif
-  for (int64_t g = 0; g < kSsPrefetchGroup; ++g) {
-    const int64_t ahead = kSsPrefetchSteps + g * W, tp = down ? tg - ahead : tg + ahead;
-    if (tp < 0 || tp >= L) break;
-    rows(tp, r0, r1);
+  const int64_t slices = kSsPrefetchGroup * nsub, slice = k * nsub + sub, items = nch * kSsPrefetchGroup;
+  const int64_t i0 = slice * items / slices, i1 = (slice + 1) * items / slices;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int r = static_cast<int>(i / kSsPrefetchGroup);
+    const int64_t ahead = kSsPrefetchSteps + (i % kSsPrefetchGroup) * W, tp = down ? tg - ahead : tg + ahead;
+    if (tp >= 0 && tp < L) rows(tp, r, r + 1);
   }
+#else
+  if (bi % kSsPrefetchGroup != 0 || sub != 0) return;
+  for (int64_t g = 0; g < kSsPrefetchGroup; ++g) {
+    const int64_t ahead = kSsPrefetchSteps + g * W, tp = down ? t0 - ahead : t0 + ahead;
+    if (tp < 0 || tp >= L) break;
+    rows(tp, 0, nch);
+  }
+#endif
 }
 
 // Scan-order blocks [bi0, bi1) (-1: all). TRACK (L split, phase 1): also keep dA's
@@ -399,18 +413,22 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
         for (int64_t n = 0; n < N; ++n) dst[n] = c.hs[n * W + r];
       }
     }
-    prefetch_burst(bi, t0, reverse, c.L, c.nch, [&](int64_t tp, int r0, int r1) JSS_INLINE_LAMBDA {
-      const int64_t base = c.row0 + r0 * c.L;
-      const SsParams& p = *c.p;
-      prefetch_rows(p.delta, p.delta_t, base, c.L, r1 - r0, tp, false);
-      prefetch_rows(p.u, p.u_t, base, c.L, r1 - r0, tp, false);
-      if (!to_yr) {
-        if (p.z != nullptr) prefetch_rows(p.z, p.z_t, base, c.L, r1 - r0, tp, false);
-        prefetch_rows(p.out, p.out_t, base, c.L, r1 - r0, tp, true);
-      }
-    });
+    auto prefetch = [&](int sub, int nsub) JSS_INLINE_LAMBDA {
+      prefetch_burst(bi, t0, reverse, c.L, c.nch, [&](int64_t tp, int r0, int r1) JSS_INLINE_LAMBDA {
+        const int64_t base = c.row0 + r0 * c.L;
+        const SsParams& p = *c.p;
+        prefetch_rows(p.delta, p.delta_t, base, c.L, r1 - r0, tp, false);
+        prefetch_rows(p.u, p.u_t, base, c.L, r1 - r0, tp, false);
+        if (!to_yr) {
+          if (p.z != nullptr) prefetch_rows(p.z, p.z_t, base, c.L, r1 - r0, tp, false);
+          prefetch_rows(p.out, p.out_t, base, c.L, r1 - r0, tp, true);
+        }
+      }, sub, nsub);
+    };
     prepare<BVAR, CVAR>(c, t0, nt);
     for (int k = 0; k < nt; ++k) {
+      constexpr int kEvery = W / kSsFwdPrefetchSub;
+      if (k % kEvery == 0) prefetch(k / kEvery, kSsFwdPrefetchSub);
       const int tb = reverse ? nt - 1 - k : k;
       const VF dlv = simd::load(c.dl + tb * W);
       const VF duv = simd::load(c.du + tb * W);

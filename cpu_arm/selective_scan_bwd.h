@@ -292,7 +292,7 @@ inline void init_g(const BCtx& c, const float* dlast) {
 // The walk's prefetch (ss::prefetch_burst, in the walk's order): the rows the walk reads, and
 // those it writes when `final`. Without it the backward ran 16% slower at L 1024 and 2048 than
 // at 1040 and 2064 with page-aligned rows (PERFORMANCE_CPU, session 33).
-JSS_INLINE void prefetch_walk(const BCtx& c, int64_t s, int64_t t0, bool down, bool final) {
+JSS_INLINE void prefetch_walk(const BCtx& c, int64_t s, int64_t t0, bool down, bool final, int sub, int nsub) {
   ss::prefetch_burst(s, t0, down, c.L, c.nch, [&](int64_t tp, int r0, int r1) JSS_INLINE_LAMBDA {
     const SsParams& p = *c.p;
     const SsBwdParams& q = *c.q;
@@ -307,7 +307,7 @@ JSS_INLINE void prefetch_walk(const BCtx& c, int64_t s, int64_t t0, bool down, b
       ss::prefetch_rows(q.ddelta, SsType::kF32, base, c.L, nr, tp, true);
       if (q.dz != nullptr) ss::prefetch_rows(q.dz, SsType::kF32, base, c.L, nr, tp, true);
     }
-  });
+  }, sub, nsub);
 }
 
 // The adjoint walk over scan-order blocks s_hi - 1 down to s_lo, from the adjoint in c.g
@@ -330,7 +330,6 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
     const int64_t blk = rev ? c.nblocks - 1 - s : s;
     const int64_t t0 = blk * W;
     const int nt = static_cast<int>(c.L - t0 < W ? c.L - t0 : W);
-    prefetch_walk(c, s_hi - 1 - s, t0, !rev, final);
     prepare<BVAR, CVAR, true>(c, t0, nt);
     const float* ck = c.ckpt + blk * N * W;
     const int64_t kslot = blk - (c.nblocks - c.Ek_blocks);
@@ -346,6 +345,9 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
         std::memcpy(c.hs, ck, sizeof(float) * N * W);
       }
       for (int k = 0; k < nt; ++k) {
+        // The walk's prefetch, one slice per step (PERFORMANCE_CPU, session 35).
+        constexpr int kEvery = W / ss::kSsBwdPrefetchSub;
+        if (k % kEvery == 0) prefetch_walk(c, s_hi - 1 - s, t0, !rev, final, k / kEvery, ss::kSsBwdPrefetchSub);
         const int tb = rev ? nt - 1 - k : k;
         const VF dlv = simd::load(c.dl + tb * W);
         const VF duv = simd::mul(dlv, simd::load(c.uu + tb * W));
