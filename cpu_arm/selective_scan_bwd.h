@@ -121,24 +121,19 @@ JSS_INLINE void prepare(const BCtx& c, int64_t t0, int nt) {
   }
 }
 
-// dst[n] += sum over the lanes of red[n] (n < N): W x W transposes, pairwise sums
+// dst[n] += sum over the lanes of red[n] (n < N), by simd::row_sums (pairwise sums)
 // (`store`: dst[n] = that sum).
 JSS_INLINE void lane_sums(const BCtx& c, const float* red, float* dst, bool store) {
   for (int64_t n0 = 0; n0 < c.NP; n0 += W) {
     VF r[W];
     JSS_UNROLL
     for (int i = 0; i < W; ++i) r[i] = simd::load(red + (n0 + i) * W);
-    simd::transpose(r);
-    JSS_UNROLL
-    for (int s = 1; s < W; s *= 2) {
-      JSS_UNROLL
-      for (int i = 0; i + s < W; i += 2 * s) r[i] = simd::add(r[i], r[i + s]);
-    }
+    const VF sum = simd::row_sums(r);
     if (n0 + W <= c.N) {
-      simd::store(dst + n0, store ? r[0] : simd::add(simd::load(dst + n0), r[0]));
+      simd::store(dst + n0, store ? sum : simd::add(simd::load(dst + n0), sum));
     } else {
       float s[W];
-      simd::store(s, r[0]);
+      simd::store(s, sum);
       for (int64_t j = 0; j < c.N - n0; ++j) dst[n0 + j] = store ? s[j] : dst[n0 + j] + s[j];
     }
   }

@@ -4,6 +4,8 @@
 //   Vec<L>::kLanes                lane count, a constexpr
 //   load / store / broadcast / add / mul / fma(a, b, c) = a*b + c
 //   transpose(v)                  kLanes x kLanes block held in kLanes registers
+//   row_sums(v)                   lane j = the sum of v[j]'s lanes (kLanes registers; pairwise
+//                                 tree over adjacent lanes, the same bits on every backend)
 //   dup_even / dup_odd / swap_pairs / neg_even   for interleaved complex numbers
 //   load_bf16 / load_f16 / store_bf16 / store_f16  16-bit floats <-> Vec<float>
 //                                 (stores round to nearest even, NaN stays NaN)
@@ -143,6 +145,26 @@ JSS_INLINE void transpose(VF* r) {
     r[4 + k].v = _mm512_shuffle_f32x4(w0, w1, 0x88);
     r[12 + k].v = _mm512_shuffle_f32x4(w0, w1, 0xDD);
   }
+}
+
+// Four halving rounds, each summing adjacent lanes of two registers into one (two two-source
+// permutes and an add per pair): 30 permutes against the transpose's 64 shuffles, all on the
+// one shuffle port that 512-bit FMAs share. The same pairwise tree as transpose + adds.
+#define JSS_HAVE_ROW_SUMS 1
+JSS_INLINE VF row_sums(VF* r) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  __m512 v[16];
+  JSS_UNROLL
+  for (int i = 0; i < 16; ++i) v[i] = r[i].v;
+  JSS_UNROLL
+  for (int n = 16; n > 1; n /= 2) {
+    JSS_UNROLL
+    for (int i = 0; i < n / 2; ++i)
+      v[i] = _mm512_add_ps(_mm512_permutex2var_ps(v[2 * i], even, v[2 * i + 1]),
+                           _mm512_permutex2var_ps(v[2 * i], odd, v[2 * i + 1]));
+  }
+  return {v[0]};
 }
 JSS_INLINE void transpose(VD* r) {
   __m512d t[8];
@@ -358,6 +380,19 @@ inline VF load_f16(const uint16_t* p) {
 }
 inline void store_f16(uint16_t* p, VF x) { for (int i = 0; i < 4; ++i) p[i] = float_to_f16(x.v[i]); }
 #endif
+
+#ifndef JSS_HAVE_ROW_SUMS
+JSS_INLINE VF row_sums(VF* r) {
+  transpose(r);
+  JSS_UNROLL
+  for (int s = 1; s < VF::kLanes; s *= 2) {
+    JSS_UNROLL
+    for (int i = 0; i + s < VF::kLanes; i += 2 * s) r[i] = add(r[i], r[i + s]);
+  }
+  return r[0];
+}
+#endif
+#undef JSS_HAVE_ROW_SUMS
 
 }  // namespace simd
 }  // namespace
