@@ -97,7 +97,7 @@ JSS_INLINE void set_all(float* x, float v) { simd::store(x, simd::broadcast(v));
 // dB and dC), taken downwards one line per unit, are more streams than the hardware
 // prefetchers follow. One line per unit 8 units ahead gained a third of that; bursts of 8
 // from the next unit on, a third more (farther bursts were slower: the lines of two bursts
-// outgrow L1 at N = 16; PERFORMANCE_CPU, session 34). Always inlined (see ss::prefetch_blocks).
+// outgrow L1 at N = 16; PERFORMANCE_CPU, session 34). Always inlined (see ss::prefetch_burst).
 #ifndef JSS_NB_AHEAD
 #define JSS_NB_AHEAD 1
 #endif
