@@ -216,14 +216,10 @@ void selective_scan_bwd_cpu(const SsBwdParams& q, const SsBwdTable& table, Execu
         ss_bwd_work_floats(lanes, N, L, false, p.direction == SsDirection::kBidirectional);
     const int64_t workers = std::min<int64_t>(threads, var ? items : tasks);
     // Bidirectional: the exp(delta A) of as many of the last blocks as the forward's limit
-    // allows pass from the reverse half's walk to the forward half's (ss_default_da_bytes).
+    // allows pass from the reverse half's walk to the forward half's.
     const int64_t block_floats = lanes * N * lanes;
-    int64_t max_da = ss_default_da_bytes();
-    if (const char* env = std::getenv("JAX_SELSCAN_SS_DA_BYTES"); env != nullptr && env[0] != '\0')
-      max_da = std::strtoll(env, nullptr, 10);
-    const int64_t da_blocks = p.direction == SsDirection::kBidirectional && !narrow_tasks
-                                  ? std::min(nblocks, std::max<int64_t>(0, max_da) / (block_floats * 4))
-                                  : 0;
+    const int64_t da_blocks =
+        p.direction == SsDirection::kBidirectional && !narrow_tasks ? ss_kept_da_blocks(lanes, N, L) : 0;
     std::atomic<int64_t> next{0};
     auto run_task = [&](int64_t i, int64_t item, bool accumulate, float* work, float* da) {
       SsBwdTask t{};

@@ -37,6 +37,14 @@ int64_t ss_default_da_bytes() {
   return bytes;
 }
 
+int64_t ss_kept_da_blocks(int64_t lanes, int64_t dstate, int64_t length) {
+  int64_t max_da = ss_default_da_bytes();
+  if (const char* env = std::getenv("JAX_SELSCAN_SS_DA_BYTES"); env != nullptr && env[0] != '\0')
+    max_da = std::strtoll(env, nullptr, 10);
+  const int64_t block_bytes = lanes * dstate * lanes * int64_t(sizeof(float));
+  return std::min((length + lanes - 1) / lanes, std::max<int64_t>(0, max_da) / block_bytes);
+}
+
 void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& executor) {
   // Checkpoints: every row's flag starts at 0 ("not written"); the channel-path tasks
   // (not the along-L path, not the L split) write theirs and set it. A row length
@@ -104,13 +112,8 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
   const int64_t work_floats = ss_work_floats(lanes, p.dstate, p.length, bidi && pieces <= 1);
   if (pieces <= 1) {
     // Bidirectional: the exponentials of as many leading blocks as the limit allows are kept.
-    const int64_t block_floats = lanes * p.dstate * lanes;
-    int64_t max_da = ss_default_da_bytes();
-    if (const char* env = std::getenv("JAX_SELSCAN_SS_DA_BYTES"); env != nullptr && env[0] != '\0')
-      max_da = std::strtoll(env, nullptr, 10);
-    const int64_t da_blocks =
-        bidi ? std::min((p.length + lanes - 1) / lanes, std::max<int64_t>(0, max_da) / (block_floats * 4)) : 0;
-    const int64_t da_floats = da_blocks * block_floats;
+    const int64_t da_blocks = bidi ? ss_kept_da_blocks(lanes, p.dstate, p.length) : 0;
+    const int64_t da_floats = da_blocks * lanes * p.dstate * lanes;
     const bool keep_da = da_blocks > 0;
     const int64_t workers = std::min<int64_t>(threads, tasks);
     std::atomic<int64_t> next{0};

@@ -28,6 +28,9 @@ const SsTable* select_ss_table(std::string* error);
 // environment variable JAX_SELSCAN_SS_DA_BYTES overrides it.
 constexpr int64_t kSsMaxDABytes = int64_t(128) << 10;
 int64_t ss_default_da_bytes();
+// Blocks of `lanes` steps whose exp(delta A) a bidirectional task keeps: as many as fit
+// ss_default_da_bytes() (or JAX_SELSCAN_SS_DA_BYTES), at most all of them. Forward and backward.
+int64_t ss_kept_da_blocks(int64_t lanes, int64_t dstate, int64_t length);
 // With fewer tasks than threads each task's sequence is split into pieces of at
 // least this many steps, one per thread (JAX_SELSCAN_SS_PIECE_STEPS overrides it,
 // for tests). The split changes results by float rounding only (see SsTask).
