@@ -306,12 +306,12 @@ JSS_INLINE void prefetch_walk(const BCtx& c, int64_t s, int64_t t0, bool down, b
 }
 
 // The adjoint walk over scan-order blocks s_hi - 1 down to s_lo, from the adjoint in c.g
-// (left there at the end), accumulating every gradient. `kept` (bidirectional, unsplit):
-// 1 the reverse walk writes the E of the blocks t >= (nblocks - Ek_blocks) W into c.Ek,
-// 2 the forward walk, which visits them first, reads them there instead of recomputing
-// the exponentials (the same values: the gradients do not change).
+// (left there at the end), accumulating every gradient. With c.Ek (bidirectional, unsplit)
+// the reverse walk writes the E of the blocks t >= (nblocks - Ek_blocks) W into c.Ek, and
+// the forward walk, which visits them first, reads them there instead of recomputing the
+// exponentials (the same values: the gradients do not change).
 template <int NS, bool BVAR, bool CVAR>
-void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64_t s_lo, int kept = 0) {
+void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64_t s_lo) {
   const bool bidi = c.p->direction == SsDirection::kBidirectional;
   const SsParams& p = *c.p;
   const int64_t N = NS > 0 ? NS : c.N;
@@ -328,8 +328,9 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
     prepare<BVAR, CVAR, true>(c, t0, nt);
     const float* ck = c.ckpt + blk * N * W;
     const int64_t kslot = blk - (c.nblocks - c.Ek_blocks);
-    float* const E = kept != 0 && kslot >= 0 ? c.Ek + kslot * W * N * W : c.E;
-    const bool read_e = kept == 2 && kslot >= 0;
+    const bool kept = c.Ek != nullptr && kslot >= 0;
+    float* const E = kept ? c.Ek + kslot * W * N * W : c.E;
+    const bool read_e = kept && !rev;
     // Recompute the block's states (scan order).
     auto recompute = [&](auto read_tag) JSS_INLINE_LAMBDA {
       VF hr[NS > 0 ? NS : 1];
@@ -484,7 +485,7 @@ void run_dirs(BCtx& c, const SsBwdTask& t) {
       sweep<NS, BVAR>(c, true, 0, c.nblocks);
     }
     init_g(c, c.q->dlast_rev);
-    walk<NS, BVAR, CVAR>(c, t, true, p.direction == SsDirection::kReverse, c.nblocks, 0, c.Ek != nullptr ? 1 : 0);
+    walk<NS, BVAR, CVAR>(c, t, true, p.direction == SsDirection::kReverse, c.nblocks, 0);
     for (int64_t i = 0; i < NW; ++i) c.gh0[i] += c.g[i];
   }
   if (p.direction != SsDirection::kReverse) {
@@ -495,7 +496,7 @@ void run_dirs(BCtx& c, const SsBwdTask& t) {
       sweep<NS, BVAR>(c, false, 0, c.nblocks);
     }
     init_g(c, c.q->dlast_fwd);
-    walk<NS, BVAR, CVAR>(c, t, false, true, c.nblocks, 0, c.Ek != nullptr ? 2 : 0);
+    walk<NS, BVAR, CVAR>(c, t, false, true, c.nblocks, 0);
     for (int64_t i = 0; i < NW; ++i) c.gh0[i] += c.g[i];
   }
 }
