@@ -214,6 +214,9 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   constexpr bool rev = REV;
   const bool vec = (L & 3) == 0;
   const int mode = a.mode;
+  // Phase A (kChunkEnd) is launched as fwd_staged_phase_a_kernel now; its branches here are
+  // unreachable but kept: removing them moved ptxas's register allocation of the y kernels
+  // (bf16 <8, 2> gained 8 bytes of spills, float32 <8, 2> 24), not measured (notes 23).
   const bool outputs = mode != kCheckpoint && mode != kChunkEnd;  // y, out, z and C
   const T* u = static_cast<const T*>(p.u);
   const T* de = static_cast<const T*>(p.delta);
@@ -520,14 +523,158 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   }
 }
 
+// Phase A of the L split (mode kChunkEnd) as a kernel of its own: per sub-chunk of tiles, the
+// walk from a zero state with no outputs, h = exp2(dt a2) h + dt u B, and the sum of dt, for
+// chunk_carry. It needs only (dt, dt u) per element and B per step, so it stages those alone
+// (no z, no C, no y buffer) in 20.6 KiB of shared memory and at most 64 registers, 8 blocks per
+// SM, where fwd_staged_kernel ran it at that kernel's 52 KiB and register budget (4 blocks).
+// Same tiles, walking order and arithmetic per state as that kernel's walk, so the carries are
+// bitwise those it gave (PERFORMANCE_SELECTIVE_SCAN_CUDA 23).
+__host__ __device__ constexpr int sfa_buf_floats(int NP) { return kSRows * kSX * 2 + kST * NP; }
+__host__ __device__ constexpr size_t sfa_smem_bytes(int NP) {
+  return sizeof(float) * (2 * sfa_buf_floats(NP) + kSRows);
+}
+
+template <class T, int P, int NS, bool REV>
+__global__ void __launch_bounds__(kSRows * P, 32 / P) fwd_staged_phase_a_kernel(FwdArgs a) {
+  constexpr int NT = kSRows * P;
+  constexpr int NP = P * NS;
+  constexpr int VPT = (kSVec + NT - 1) / NT;  // u/delta vectors per thread
+  constexpr int BV = NP * kST / 4;            // B vectors per tile
+  constexpr int BPT = (BV + NT - 1) / NT;
+  constexpr int BUF = sfa_buf_floats(NP);
+  static_assert(NS % 2 == 0, "B of two states per 8-byte load");
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* RB = smem + 2 * BUF;  // the rows' delta bias
+
+  const SsProblem& p = a.p;
+  const int64_t L = p.L, N = p.N, Dm = p.dim;
+  const int64_t nrb = (Dm + kSRows - 1) / kSRows;
+  const int64_t b = blockIdx.x / nrb, d0 = (blockIdx.x % nrb) * kSRows;
+  const int tid = threadIdx.x;
+  const bool vec = (L & 3) == 0;
+  const T* u = static_cast<const T*>(p.u);
+  const T* de = static_cast<const T*>(p.delta);
+  const T* Bp = static_cast<const T*>(p.B) + (b * p.groups_b + d0 / (Dm / p.groups_b)) * N * L;
+  // The walking lane: row r, states q NS .. q NS + NS - 1 (no sums across lanes here, so the
+  // lane order does not change a bit).
+  const int r = tid / P, q = tid % P;
+  const bool rlive = d0 + r < Dm;
+  const int64_t d = rlive ? d0 + r : Dm - 1, row = b * Dm + d;
+  const int64_t c = blockIdx.y, ntiles = (L + kST - 1) / kST;
+  const int64_t kb = c * (a.chunk_steps / kST);
+  const int64_t ke = kb + a.chunk_steps / kST < ntiles ? kb + a.chunk_steps / kST : ntiles;
+  float a2[NS], h[NS], S = 0.f;
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    const int64_t n = q * NS + s;
+    a2[s] = n < N ? p.A[d * N + n] * kLog2e : 0.f;
+    h[s] = 0.f;
+  }
+  // Settle the loads of a2 here: else the walk's first use of a2 waits on a scoreboard that the
+  // next tile's prefetch shares, on every tile (notes 21.1).
+#pragma unroll
+  for (int s = 0; s < NS; ++s) asm volatile("add.f32 %0, %0, 0f80000000;" : "+f"(a2[s]));
+  if (tid < kSRows) RB[tid] = p.delta_bias ? p.delta_bias[d0 + tid < Dm ? d0 + tid : 0] : 0.f;
+
+  const TileMap tm{L, REV};
+  // Vector v of a tile: row v / 8, steps 4 (v % 8) ..; B vector w: state w % NP, steps 4 (w / NP) ..
+  Raw4<T> ru[VPT], rd[VPT], rb[BPT];
+  auto load_tile = [&](int64_t k) {
+    const int64_t t0 = tm.t0(k);
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+      const int v = tid + m * NT, rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const bool ok = v < kSVec && d0 + rr < Dm;
+      const int64_t base = ok ? (b * Dm + d0 + rr) * L : 0;
+      const int64_t t = ok ? t0 + i0 : -kST;  // a dead vector reads nothing
+      load_raw4(u + base, t, L, vec, ru[m]);
+      load_raw4(de + base, t, L, vec, rd[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < BPT; ++m) {
+      const int w = tid + m * NT, n = bc_state(w, NP), i0 = bc_step(w, NP);
+      const bool ok = w < BV && n < N;
+      load_raw4(Bp + (ok ? n : 0) * L, ok ? t0 + i0 : -kST, L, vec, rb[m]);
+    }
+  };
+  auto stage_tile = [&](int64_t k, float* buf) {
+    const int64_t t0 = tm.t0(k);
+    float2* X = reinterpret_cast<float2*>(buf);  // (dt, dt u) [row][slot]
+    float* Bs = buf + kSRows * kSX * 2;          // B [slot][state]
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+      const int v = tid + m * NT;
+      if (v >= kSVec) continue;
+      const int rr = v / (kST / 4), i0 = (v % (kST / 4)) * 4;
+      const bool ok = d0 + rr < Dm;
+      const int64_t t = t0 + i0;
+      const float bias = RB[rr];
+      float uv[4], dv[4];
+      ru[m].get(uv);
+      rd[m].get(dv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {  // padding and dead rows: the identity step (dt = 0)
+        const bool valid = ok && t + e >= 0 && t + e < L;
+        const float xb = dv[e] + bias;
+        const float dt = p.softplus ? softplus_fast(xb) : xb;
+        X[rr * kSX + tm.slot(i0 + e)] = valid ? make_float2(dt, dt * uv[e]) : make_float2(0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < BPT; ++m) {
+      const int w = tid + m * NT;
+      if (w >= BV) continue;
+      const int n = bc_state(w, NP), i0 = bc_step(w, NP);
+      float bv[4];
+      rb[m].get(bv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) Bs[tm.slot(i0 + e) * NP + n] = bv[e];
+    }
+  };
+
+  __syncthreads();  // RB
+  load_tile(kb);
+  for (int64_t k = kb; k < ke; ++k) {
+    // Two buffers, one barrier a tile: a buffer is staged again only after the barrier of
+    // the tile in between, which every thread passes after walking it.
+    float* buf = smem + ((k - kb) & 1) * BUF;
+    stage_tile(k, buf);
+    if (k + 1 < ke) load_tile(k + 1);
+    __syncthreads();
+    const float2* X = reinterpret_cast<const float2*>(buf) + r * kSX;
+    const float* Bs = buf + kSRows * kSX * 2 + q * NS;
+#pragma unroll
+    for (int j = 0; j < kST; ++j) {
+      const float2 x = X[j];
+      S += x.x;  // padding steps have dt = 0
+#pragma unroll
+      for (int s = 0; s < NS; s += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(Bs + j * NP + s);
+        h[s] = fmaf(fast_exp2(x.x * a2[s]), h[s], x.y * v.x);
+        h[s + 1] = fmaf(fast_exp2(x.x * a2[s + 1]), h[s + 1], x.y * v.y);
+      }
+    }
+  }
+  if (rlive) {
+#pragma unroll
+    for (int s = 0; s < NS; ++s)
+      if (q * NS + s < N) a.chunk_h[(row * a.ch_slots + c) * N + q * NS + s] = h[s];
+    if (q == 0) a.chunk_S[row * a.ch_slots + c] = S;
+  }
+}
+
 template <class T, int P, int NS>
 cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const size_t smem = staged_smem_bytes(P * NS);
+  const bool phase_a = a.mode == kChunkEnd;
+  const size_t smem = phase_a ? sfa_smem_bytes(P * NS) : staged_smem_bytes(P * NS);
   auto pick = [&](auto rev) {
     constexpr bool R = decltype(rev)::value;
-    return a.mode == kAddY ? fwd_staged_kernel<T, P, NS, kYbAdd, R>
+    return phase_a ? fwd_staged_phase_a_kernel<T, P, NS, R>
+           : a.mode == kAddY ? fwd_staged_kernel<T, P, NS, kYbAdd, R>
            : a.mode == kRawY ? fwd_staged_kernel<T, P, NS, kYbWrite, R> : fwd_staged_kernel<T, P, NS, kYbNone, R>;
   };
   auto kern = a.rev ? pick(std::true_type{}) : pick(std::false_type{});
@@ -571,13 +718,15 @@ int staged_blocks_per_sm() {
 // blocks fill 73% of the 528 slots of 4 blocks/SM (4 lanes), 97% of the 396 slots of the
 // 8-lane blocks, which fit 3 per SM. More states: as many lanes as N needs.
 // `chunks`: the grid's L chunks (blockIdx.y): a.nch, or for phase A of the split the sub-chunks
-// before the last chunk. Walks without y: 4 lanes unless 8 fill the last wave clearly better.
+// before the last chunk. The checkpoint sweep: 4 lanes unless 8 fill the last wave clearly
+// better. Phase A (its own kernel, 8 blocks of 4 lanes per SM): 4 lanes.
 template <class T>
 cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t N = a.p.N;
   if (N > 64) return launch_staged<T, 16, 8>(a, chunks, stream);
   if (N > 32) return launch_staged<T, 8, 8>(a, chunks, stream);
   if (N > 16) return launch_staged<T, 8, 4>(a, chunks, stream);
+  if (a.mode == kChunkEnd) return launch_staged<T, 4, 4>(a, chunks, stream);  // 8 blocks per SM
   if (const char* e = std::getenv("JAX_SELSCAN_SS_FWD_LANES")) {  // 4 or 8: force (measurements)
     if (e[0] == '4') return launch_staged<T, 4, 4>(a, chunks, stream);
     if (e[0] == '8') return launch_staged<T, 8, 2>(a, chunks, stream);
@@ -585,11 +734,11 @@ cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows) * chunks;
   const double f4 = wave_fill(blocks, staged_blocks_per_sm<T, 4, 4>());
   const double f8 = wave_fill(blocks, staged_blocks_per_sm<T, 8, 2>());
-  // The walks without y (phase A of the split, the checkpoint sweep) have no y sums across a
-  // row's lanes, and there 4 lanes were the faster at equal fills (1584 blocks of phase A at
-  // (1, 4224, 16384): 4 lanes 1278 us, 8 lanes 1355, float32; notes 17.1): the tie goes the
-  // other way.
-  const bool ys = a.mode != kCheckpoint && a.mode != kChunkEnd;
+  // The walks without y (the checkpoint sweep; phase A of the split, before it had a kernel of
+  // its own) have no y sums across a row's lanes, and there 4 lanes were the faster at equal
+  // fills (1584 blocks of phase A at (1, 4224, 16384): 4 lanes 1278 us, 8 lanes 1355, float32;
+  // notes 17.1): the tie goes the other way.
+  const bool ys = a.mode != kCheckpoint;
   if (ys ? f4 > f8 + 0.05 : f4 + 0.05 >= f8) return launch_staged<T, 4, 4>(a, chunks, stream);
   return launch_staged<T, 8, 2>(a, chunks, stream);
 }

@@ -83,14 +83,14 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
   const int64_t lc = blockIdx.y + a.chunk_base, nch = a.nch > 1 ? a.nch : 1;
   const int64_t kb = nch > 1 ? lc * (a.chunk_steps / kST) : 0;
   const int64_t ke = nch > 1 && kb + a.chunk_steps / kST < ntiles ? kb + a.chunk_steps / kST : ntiles;
-  float an[NS], a2[NS], g[NS], accA[NS], S = 0.f;
+  float an[NS], a2[NS], g[NS], accA[NS];
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
     const int64_t n = state(s);
     an[s] = n < N ? p.A[d * N + n] : 0.f;
     a2[s] = an[s] * kLog2e;
     g[s] = 0.f;
-    if (n < N && !a.chunk_end) {
+    if (n < N) {
       if (nch > 1) g[s] = a.chunk_g[chunk_g_slot(a, row, lc) * N + n];
       else if (a.dlast) g[s] = a.dlast[row * N + n];
     }
@@ -182,13 +182,13 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
 
   // The checkpoint (state entering an 8-step chunk) of this lane's NS states, straight from
   // global memory into registers, one chunk ahead of the walk so that the load overlaps a
-  // chunk of work. Chunk ci covers steps [ci kBC, ci kBC + kBC); past L (and in phase A) 0.
+  // chunk of work. Chunk ci covers steps [ci kBC, ci kBC + kBC); past L 0.
   static_assert(kBC == kCk, "one checkpoint per walk chunk");
   const int64_t K = (L + kCk - 1) / kCk;
   const float* ckrow = a.ckpt ? a.ckpt + row * a.ck_row + q : nullptr;
   auto load_ck = [&](int64_t ci) {  // the P lanes of a row read P consecutive floats per state
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (a.chunk_end || ci < 0 || ci >= K || q >= N) return v;
+    if (ci < 0 || ci >= K || q >= N) return v;
     const float* src = ckrow + ci * N;
     v.x = src[0];
     if (state(1) < N) v.y = src[P];
@@ -213,20 +213,6 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
 
     const float4* X = XA + r * kSX;
     const float* BCr = BCs + 2 * q;  // (B, C) of state(s) at + 2 s P
-    if (a.chunk_end) {  // phase A of the L split: the adjoint alone (padding: dt = dy = 0)
-#pragma unroll 4
-      for (int j = kST - 1; j >= 0; --j) {
-        const float4 x = X[j];
-        const float* bc = BCr + j * NP * 2;
-        S += x.x;
-#pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          const float2 v = *reinterpret_cast<const float2*>(bc + 2 * s * P);
-          g[s] = fast_exp2(x.x * a2[s]) * fmaf(v.y, x.z, g[s]);
-        }
-      }
-      continue;
-    }
 #pragma unroll 1
     for (int c = kST / kBC - 1; c >= 0; --c) {
       const int j0 = c * kBC;
@@ -388,13 +374,6 @@ __global__ void __launch_bounds__(kSRows * P, 3) bwd_staged_kernel(BwdArgs a) {
     }
   }
 
-  if (a.chunk_end) {
-#pragma unroll
-    for (int s = 0; s < NS; ++s)
-      if (state(s) < N) a.chunk_g[(row * a.ch_slots + lc) * N + state(s)] = g[s];
-    if (q == 0) a.chunk_S[row * a.ch_slots + lc] = S;
-    return;
-  }
   // Per-row partials: dA, dh0 from the walking lanes; dD, ddelta_bias from the write-out
   // threads (8 consecutive lanes share a row: summed by xor shuffles in a fixed order).
   const int64_t pslot = ((lc * p.batch + b) * a.ndir + a.dir) * Dm + d;
