@@ -312,6 +312,12 @@ JSS_INLINE void prefetch_walk(const BCtx& c, int64_t s, int64_t t0, bool down, b
 // exponentials (the same values: the gradients do not change).
 template <int NS, bool BVAR, bool CVAR>
 void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64_t s_lo) {
+  // The context's buffers as locals: the SIMD stores may alias anything (the intrinsics'
+  // may_alias types), so pointers read through `c` would be reloaded after every store.
+  float *const accA = c.accA, *const accB = c.accB, *const accC = c.accC, *const redB = c.redB,
+               *const redC = c.redC, *const H = c.H, *const by = c.by, *const bdu = c.bdu, *const bdd = c.bdd;
+  const float *const Av = c.Av, *const Bi = c.Bi, *const Ci = c.Ci, *const Bb = c.Bb, *const Cb = c.Cb,
+              *const A2 = c.A2, *const dl = c.dl, *const uu = c.uu, *const dy = c.dy;
   const bool bidi = c.p->direction == SsDirection::kBidirectional;
   const SsParams& p = *c.p;
   const int64_t N = NS > 0 ? NS : c.N;
@@ -345,25 +351,25 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
         constexpr int kEvery = W / ss::kSsBwdPrefetchSub;
         if (k % kEvery == 0) prefetch_walk(c, s_hi - 1 - s, t0, !rev, final, k / kEvery, ss::kSsBwdPrefetchSub);
         const int tb = rev ? nt - 1 - k : k;
-        const VF dlv = simd::load(c.dl + tb * W);
-        const VF duv = simd::mul(dlv, simd::load(c.uu + tb * W));
+        const VF dlv = simd::load(dl + tb * W);
+        const VF duv = simd::mul(dlv, simd::load(uu + tb * W));
         const bool fast = decltype(read_tag)::value || fast_range(c, dlv);
         float* Ek = E + tb * N * W;
-        float* Hk = c.H + tb * N * W;
+        float* Hk = H + tb * N * W;
         VF y = simd::broadcast(0.0f);
         auto step = [&](int64_t n, VF h) JSS_INLINE_LAMBDA {
           VF a;
           if constexpr (decltype(read_tag)::value) {
             a = simd::load(Ek + n * W);
           } else {
-            a = exp_da(fast, simd::mul(dlv, simd::load(c.A2 + n * W)));
+            a = exp_da(fast, simd::mul(dlv, simd::load(A2 + n * W)));
             simd::store(Ek + n * W, a);
           }
-          const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
+          const VF bb = BVAR ? simd::broadcast(Bb[n * W + tb]) : simd::load(Bi + n * W);
           h = simd::fma(a, h, simd::mul(duv, bb));
           simd::store(Hk + n * W, h);
           if (want_y) {
-            const VF cc = CVAR ? simd::broadcast(c.Cb[n * W + tb]) : simd::load(c.Ci + n * W);
+            const VF cc = CVAR ? simd::broadcast(Cb[n * W + tb]) : simd::load(Ci + n * W);
             y = simd::fma(cc, h, y);
           }
           return h;
@@ -374,7 +380,7 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
         } else {
           for (int64_t n = 0; n < N; ++n) simd::store(c.hs + n * W, step(n, simd::load(c.hs + n * W)));
         }
-        if (want_y) simd::store(c.by + tb * W, y);
+        if (want_y) simd::store(by + tb * W, y);
       }
     };
     if (read_e) recompute(std::true_type());
@@ -382,29 +388,29 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
     // The adjoint, steps in reverse scan order.
     for (int k = nt - 1; k >= 0; --k) {
       const int tb = rev ? nt - 1 - k : k;
-      const float* hp = k == 0 ? ck : c.H + (rev ? tb + 1 : tb - 1) * N * W;
+      const float* hp = k == 0 ? ck : H + (rev ? tb + 1 : tb - 1) * N * W;
       const float* Ek = E + tb * N * W;
-      const float* Hk = c.H + tb * N * W;
-      const VF dyv = simd::load(c.dy + tb * W);
-      const VF dtv = simd::load(c.dl + tb * W);
-      const VF uv = simd::load(c.uu + tb * W);
+      const float* Hk = H + tb * N * W;
+      const VF dyv = simd::load(dy + tb * W);
+      const VF dtv = simd::load(dl + tb * W);
+      const VF uv = simd::load(uu + tb * W);
       VF dd = simd::broadcast(0.0f), dus = simd::broadcast(0.0f);
       auto step = [&](int64_t n, VF g) JSS_INLINE_LAMBDA {
-        const VF cc = CVAR ? simd::broadcast(c.Cb[n * W + tb]) : simd::load(c.Ci + n * W);
-        const VF bb = BVAR ? simd::broadcast(c.Bb[n * W + tb]) : simd::load(c.Bi + n * W);
+        const VF cc = CVAR ? simd::broadcast(Cb[n * W + tb]) : simd::load(Ci + n * W);
+        const VF bb = BVAR ? simd::broadcast(Bb[n * W + tb]) : simd::load(Bi + n * W);
         const VF gi = simd::fma(cc, dyv, g);
         const VF a = simd::load(Ek + n * W);
         const VF ah = simd::mul(a, simd::load(hp + n * W));
         const VF gdt = simd::mul(gi, dtv);
-        simd::store(c.accA + n * W, simd::fma(gdt, ah, simd::load(c.accA + n * W)));
-        dd = simd::fma(gi, simd::fma(simd::load(c.Av + n * W), ah, simd::mul(uv, bb)), dd);
+        simd::store(accA + n * W, simd::fma(gdt, ah, simd::load(accA + n * W)));
+        dd = simd::fma(gi, simd::fma(simd::load(Av + n * W), ah, simd::mul(uv, bb)), dd);
         dus = simd::fma(gdt, bb, dus);
         const VF db = simd::mul(gdt, uv);
-        if (BVAR) simd::store(c.redB + n * W, db);
-        else simd::store(c.accB + n * W, simd::add(simd::load(c.accB + n * W), db));
+        if (BVAR) simd::store(redB + n * W, db);
+        else simd::store(accB + n * W, simd::add(simd::load(accB + n * W), db));
         const VF dc = simd::mul(dyv, simd::load(Hk + n * W));
-        if (CVAR) simd::store(c.redC + n * W, dc);
-        else simd::store(c.accC + n * W, simd::add(simd::load(c.accC + n * W), dc));
+        if (CVAR) simd::store(redC + n * W, dc);
+        else simd::store(accC + n * W, simd::add(simd::load(accC + n * W), dc));
         return simd::mul(a, gi);
       };
       if constexpr (NS > 0) {
@@ -414,10 +420,10 @@ void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64
         for (int64_t n = 0; n < N; ++n) simd::store(c.g + n * W, step(n, simd::load(c.g + n * W)));
       }
       const int64_t tt = t0 + tb;
-      simd::store(c.bdu + tb * W, dus);
-      simd::store(c.bdd + tb * W, dd);
-      if (BVAR) lane_sums(c, c.redB, t.pB + tt * N, c.rows_store);
-      if (CVAR) lane_sums(c, c.redC, t.pC + tt * N, c.rows_store);
+      simd::store(bdu + tb * W, dus);
+      simd::store(bdd + tb * W, dd);
+      if (BVAR) lane_sums(c, redB, t.pB + tt * N, c.rows_store);
+      if (CVAR) lane_sums(c, redC, t.pC + tt * N, c.rows_store);
     }
     block_out(c, t0, nt, final, bidi);
   }
