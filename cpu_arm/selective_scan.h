@@ -196,14 +196,27 @@ inline void gather_block(const void* p, SsType ty, int64_t base, int64_t stride,
       buf[tb * W + r] = (tb < nt && r < nch) ? ld1(p, ty, base + r * stride + t0 + tb) : 0.0f;
 }
 
+// Whether float32 rows of `stride` elements from element `base` of p take a whole number of
+// 64-byte lines per block of W steps, every block on a line (for simd::stream_line).
+inline bool lines_streamable(const void* p, SsType ty, int64_t base, int64_t stride) {
+  return simd::kStreamLine && p != nullptr && ty == SsType::kF32 && stride % W == 0 &&
+         reinterpret_cast<uintptr_t>(static_cast<const float*>(p) + base) % 64 == 0;
+}
+
 // The inverse: p[base + r * stride + t0 + tb] = buf[tb * W + r] for r < nch, tb < nt.
+// `stream` (only where lines_streamable): whole blocks stored past the caches.
 inline void scatter_block(void* p, SsType ty, int64_t base, int64_t stride, int nch, int64_t t0,
-                          int nt, const float* buf) {
+                          int nt, const float* buf, bool stream = false) {
   if (nch == W && nt == W) {
     VF r[W];
     JSS_UNROLL
     for (int i = 0; i < W; ++i) r[i] = simd::load(buf + i * W);
     simd::transpose(r);
+    if (stream) {
+      JSS_UNROLL
+      for (int i = 0; i < W; ++i) simd::stream_line(static_cast<float*>(p) + base + i * stride + t0, r[i]);
+      return;
+    }
     JSS_UNROLL
     for (int i = 0; i < W; ++i) stv(p, ty, base + i * stride + t0, r[i]);
     return;

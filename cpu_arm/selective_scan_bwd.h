@@ -76,6 +76,9 @@ struct BCtx {
   bool rows_store;                    // L split, first direction: varying dB / dC rows are
                                       // stored, not added (each written once; no zeroing pass)
   const float* ckrow;                 // the forward's checkpoints: channel d0's row, or null
+  bool stream_out;                    // du, ddelta, dz stored past the caches (whole lines;
+                                      // their reads for ownership held the walk up:
+                                      // PERFORMANCE_CPU, session 36)
 };
 
 // B / C rows (n, t0 .. t0 + W) of the block, zero beyond nt.
@@ -272,9 +275,9 @@ inline void block_out(BCtx& c, int64_t t0, int nt, bool final, bool bidi) {
   }
   c.accD = simd::add(c.accD, blkD);
   c.accBias = simd::add(c.accBias, blkBias);
-  ss::scatter_block(q.du, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.bdu);
-  ss::scatter_block(q.ddelta, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.bdd);
-  if (q.dz != nullptr) ss::scatter_block(q.dz, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.by);
+  ss::scatter_block(q.du, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.bdu, c.stream_out);
+  ss::scatter_block(q.ddelta, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.bdd, c.stream_out);
+  if (q.dz != nullptr) ss::scatter_block(q.dz, SsType::kF32, c.row0, c.L, c.nch, t0, nt, c.by, c.stream_out);
 }
 
 inline void init_g(const BCtx& c, const float* dlast) {
@@ -297,7 +300,7 @@ JSS_INLINE void prefetch_walk(const BCtx& c, int64_t s, int64_t t0, bool down, b
     ss::prefetch_rows(p.u, p.u_t, base, c.L, nr, tp, false);
     ss::prefetch_rows(q.dout, q.dout_t, base, c.L, nr, tp, false);
     if (p.z != nullptr) ss::prefetch_rows(p.z, p.z_t, base, c.L, nr, tp, false);
-    if (final) {
+    if (final && !c.stream_out) {
       ss::prefetch_rows(q.du, SsType::kF32, base, c.L, nr, tp, true);
       ss::prefetch_rows(q.ddelta, SsType::kF32, base, c.L, nr, tp, true);
       if (q.dz != nullptr) ss::prefetch_rows(q.dz, SsType::kF32, base, c.L, nr, tp, true);
@@ -624,6 +627,9 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
   c.Ps = take(NW);
   c.dk = p.direction == SsDirection::kBidirectional ? 2.0f : 1.0f;
   c.rows_store = false;
+  c.stream_out = ss::lines_streamable(q.du, SsType::kF32, c.row0, c.L) &&
+                 ss::lines_streamable(q.ddelta, SsType::kF32, c.row0, c.L) &&
+                 (q.dz == nullptr || ss::lines_streamable(q.dz, SsType::kF32, c.row0, c.L));
   // The forward's checkpoints when it wrote them for every channel of the task.
   c.ckrow = nullptr;
   if (q.ckpt != nullptr && q.ckpt_row == ss_ckpt_row(W, c.N, c.L, p.direction)) {
@@ -662,13 +668,17 @@ inline void run(const SsBwdParams& q, const SsBwdTask& t) {
     else if (p.b_var) n16 ? run_piece<16, true, false>(c, t) : run_piece<0, true, false>(c, t);
     else if (p.c_var) n16 ? run_piece<16, false, true>(c, t) : run_piece<0, false, true>(c, t);
     else n16 ? run_piece<16, false, false>(c, t) : run_piece<0, false, false>(c, t);
-    if (t.phase == 1) return;  // no gradients yet; dh0 comes from the driver's carries
+    if (t.phase == 1) {  // no gradients yet; dh0 comes from the driver's carries
+      if (c.stream_out) simd::stream_fence();
+      return;
+    }
   } else {
     if (p.b_var && p.c_var) n16 ? run_dirs<16, true, true>(c, t) : run_dirs<0, true, true>(c, t);
     else if (p.b_var) n16 ? run_dirs<16, true, false>(c, t) : run_dirs<0, true, false>(c, t);
     else if (p.c_var) n16 ? run_dirs<16, false, true>(c, t) : run_dirs<0, false, true>(c, t);
     else n16 ? run_dirs<16, false, false>(c, t) : run_dirs<0, false, false>(c, t);
   }
+  if (c.stream_out) simd::stream_fence();  // the streamed lines ordered before the task ends
   simd::store(t.pD, simd::mul(c.accD, simd::broadcast(c.dk)));
   simd::store(t.pbias, c.accBias);
   std::memcpy(t.pA, c.accA, sizeof(float) * NW);

@@ -10,6 +10,8 @@
 //   load_bf16 / load_f16 / store_bf16 / store_f16  16-bit floats <-> Vec<float>
 //                                 (stores round to nearest even, NaN stays NaN)
 //   as_double / as_float          bit casts between the two vector types
+//   kStreamLine / stream_line / stream_fence   a vector that is one 64-byte line stored
+//                                 past the caches (AVX-512 only; elsewhere a plain store)
 //
 // The backend is chosen by the compiler flags of the translation unit that
 // includes this header: AVX-512F, AVX2+FMA+F16C, NEON (aarch64), or a generic
@@ -77,6 +79,11 @@ inline VF load(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline VD load(const double* p) { return {_mm512_loadu_pd(p)}; }
 inline void store(float* p, VF x) { _mm512_storeu_ps(p, x.v); }
 inline void store(double* p, VD x) { _mm512_storeu_pd(p, x.v); }
+// One whole 64-byte line written past the caches (p 64-byte aligned): no read for ownership.
+#define JSS_HAVE_STREAM_LINE
+constexpr bool kStreamLine = true;
+inline void stream_line(float* p, VF x) { _mm512_stream_ps(p, x.v); }
+inline void stream_fence() { _mm_sfence(); }
 inline VF broadcast(float x) { return {_mm512_set1_ps(x)}; }
 inline VD broadcast(double x) { return {_mm512_set1_pd(x)}; }
 inline VF add(VF a, VF b) { return {_mm512_add_ps(a.v, b.v)}; }
@@ -380,6 +387,15 @@ inline VF load_f16(const uint16_t* p) {
 }
 inline void store_f16(uint16_t* p, VF x) { for (int i = 0; i < 4; ++i) p[i] = float_to_f16(x.v[i]); }
 #endif
+
+#ifndef JSS_HAVE_STREAM_LINE
+// A vector is less than a cache line here: plain stores (streaming half lines would leave
+// partial lines in the write-combining buffers).
+constexpr bool kStreamLine = false;
+inline void stream_line(float* p, VF x) { store(p, x); }
+inline void stream_fence() {}
+#endif
+#undef JSS_HAVE_STREAM_LINE
 
 #ifndef JSS_HAVE_ROW_SUMS
 JSS_INLINE VF row_sums(VF* r) {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -473,8 +474,21 @@ struct BwdOut {
   std::vector<float> u, delta, z, A, B, C, D, bias, h0;
 };
 
+// The gradients of u, delta and z go through 64-byte-aligned buffers (AVX-512 then stores
+// their whole lines past the caches when L is a multiple of 16) or, with `misalign`, through
+// buffers one float past such an address (plain stores); the tests compare the two.
+struct LineBuf {
+  std::vector<float> v;
+  float* p;
+  LineBuf(size_t n, bool misalign) : v(n + 32, NAN) {
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63);
+    p = reinterpret_cast<float*>(a) + (misalign ? 1 : 0);
+  }
+};
+
 BwdOut run_bwd(const Case& c, const Inputs& x, const Cot& k, SsDirection dir, const SsBwdTable& table,
-               Executor& ex, const std::vector<float>* ckpt = nullptr, int64_t ckpt_row = 0) {
+               Executor& ex, const std::vector<float>* ckpt = nullptr, int64_t ckpt_row = 0,
+               bool misalign = false) {
   SsBwdParams q{};
   if (ckpt != nullptr) {
     q.ckpt = ckpt->data();
@@ -500,15 +514,18 @@ BwdOut run_bwd(const Case& c, const Inputs& x, const Cot& k, SsDirection dir, co
   q.dlast_rev = c.last ? k.dlr.data() : nullptr;
   BwdOut o;
   const size_t bdl = c.batch * c.dim * c.L;
-  o.u.assign(bdl, NAN); o.delta.assign(bdl, NAN); o.z.assign(c.z ? bdl : 0, NAN);
   o.A.assign(c.dim * c.N, NAN); o.B.assign(x.B.v.size(), NAN); o.C.assign(x.C.v.size(), NAN);
   o.D.assign(c.D ? c.dim : 0, NAN); o.bias.assign(c.bias ? c.dim : 0, NAN);
   o.h0.assign(c.h0 ? c.batch * c.dim * c.N : 0, NAN);
-  q.du = o.u.data(); q.ddelta = o.delta.data(); q.dz = c.z ? o.z.data() : nullptr;
+  LineBuf du(bdl, misalign), ddelta(bdl, misalign), dz(c.z ? bdl : 0, misalign);
+  q.du = du.p; q.ddelta = ddelta.p; q.dz = c.z ? dz.p : nullptr;
   q.dA = o.A.data(); q.dB = o.B.data(); q.dC = o.C.data();
   q.dD = c.D ? o.D.data() : nullptr; q.ddelta_bias = c.bias ? o.bias.data() : nullptr;
   q.dh0 = c.h0 ? o.h0.data() : nullptr;
   selective_scan_bwd_cpu(q, table, ex);
+  o.u.assign(du.p, du.p + bdl);
+  o.delta.assign(ddelta.p, ddelta.p + bdl);
+  if (c.z) o.z.assign(dz.p, dz.p + bdl);
   return o;
 }
 
@@ -554,6 +571,10 @@ void run_bwd_case(const Case& c, const SsBwdTable& table, const SsTable& fwd, ui
     const BwdOut g3 = run_bwd(c, x, k, dir, table, three);
     const BwdOut g4 = run_bwd(c, x, k, dir, table, four);
     CHECK(same_bits(got, g3) && same_bits(got, g4), "%s dir %d: threads change the gradients", what, int(dir));
+    // Gradient rows on 64-byte lines (streamed past the caches where whole lines are written)
+    // or not: the same bits.
+    CHECK(same_bits(got, run_bwd(c, x, k, dir, table, one, nullptr, 0, true)),
+          "%s dir %d: misaligned gradient buffers change the gradients", what, int(dir));
     // Bidirectional: the forward half reads the reverse half's kept exp(delta A) for the last
     // blocks; none, one, all but one or all kept give the same bits.
     if (dir == SsDirection::kBidirectional) {
