@@ -316,7 +316,8 @@ JSS_INLINE void prefetch_walk(const BCtx& c, int64_t s, int64_t t0, bool down, b
 template <int NS, bool BVAR, bool CVAR>
 void walk(BCtx& c, const SsBwdTask& t, bool rev, bool final, int64_t s_hi, int64_t s_lo) {
   // The context's buffers as locals: the SIMD stores may alias anything (the intrinsics'
-  // may_alias types), so pointers read through `c` would be reloaded after every store.
+  // may_alias types), so pointers read through `c` would be reloaded after every store
+  // (PERFORMANCE_CPU, session 36).
   float *const accA = c.accA, *const accB = c.accB, *const accC = c.accC, *const redB = c.redB,
                *const redC = c.redC, *const H = c.H, *const by = c.by, *const bdu = c.bdu, *const bdd = c.bdd;
   const float *const Av = c.Av, *const Bi = c.Bi, *const Ci = c.Ci, *const Bb = c.Bb, *const Cb = c.Cb,
