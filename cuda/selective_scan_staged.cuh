@@ -638,7 +638,10 @@ __global__ void __launch_bounds__(kSRows * P, 32 / P) fwd_staged_phase_a_kernel(
   load_tile(kb);
   for (int64_t k = kb; k < ke; ++k) {
     // Two buffers, one barrier a tile: a buffer is staged again only after the barrier of
-    // the tile in between, which every thread passes after walking it.
+    // the tile in between, which every thread passes after walking it. (The forward kernel's
+    // loop is the same skeleton, written out in both on purpose: a shared for_each_tile
+    // helper taking the three lambdas made nvcc 13.0 spill in 8 more of the 80-register
+    // instantiations, notes 23.4.)
     float* buf = smem + ((k - kb) & 1) * BUF;
     stage_tile(k, buf);
     if (k + 1 < ke) load_tile(k + 1);
