@@ -15,9 +15,10 @@
 //
 // Bidirectional: the reverse pass runs first, computes dA once, keeps it in a
 // per-task buffer (for the lowest SsTask::dA_blocks blocks: the ones it visits
-// last, as many as fit the cache) and keeps its y (before D and the gate) in
-// another; the forward pass then reads those dA instead of recomputing the
-// exponentials (and recomputes the rest), and writes out = (y_fwd + y_rev + 2 D u) *
+// last, as many as fit the cache), its y (before D and the gate) and every block's
+// prepared rows (delta after softplus, delta * u, u); the forward pass then reads
+// those dA instead of recomputing the exponentials (and recomputes the rest), reads
+// the prepared rows instead of gathering them again, and writes out = (y_fwd + y_rev + 2 D u) *
 // silu(z). The two directions' arithmetic is exactly that of two separate
 // calls (same operations in the same order), so the fused result equals
 // forward + reverse computed separately up to the final rounding of the sum.
@@ -271,6 +272,8 @@ struct Ctx {
   float *dl, *du, *ub, *yb, *tmp;      // [W][W]
   float *Dv, *biasv;                   // [W]
   float* yr;                           // [L][W]
+  float* kp;                           // [blocks][3][W][W]: the blocks' prepared dl, du, ub
+                                       // (bidirectional: kept by the first pass) or null
   float* dA;                           // [dA_blocks * W][N][W] or null
   int64_t dA_blocks;                   // blocks of W steps from t = 0 kept in dA
   float* Ps;                           // [N][W] dA's running product (L split)
@@ -295,19 +298,22 @@ inline void save_state(const Ctx& c, float* dst) {
       dst[(c.b * c.p->dim + c.d0 + r) * c.N + n] = c.hs[n * W + r];
 }
 
-// delta (bias, softplus), delta * u, u, and the block's B / C rows.
+// The block's rows in time order: delta (bias, softplus) in dl, delta * u in du, u in ub
+// ([W][W] each; skipped with `rows_only`, when they were kept), and its B / C rows.
 template <bool BVAR, bool CVAR>
-JSS_INLINE void prepare(const Ctx& c, int64_t t0, int nt) {
+JSS_INLINE void prepare(const Ctx& c, int64_t t0, int nt, float* dl, float* du, float* ub, bool rows_only) {
   const SsParams& p = *c.p;
-  gather_block(p.delta, p.delta_t, c.row0, c.L, c.nch, t0, nt, c.dl);
-  gather_block(p.u, p.u_t, c.row0, c.L, c.nch, t0, nt, c.ub);
-  const VF bias = simd::load(c.biasv);
-  for (int tb = 0; tb < W; ++tb) {
-    VF d = simd::load(c.dl + tb * W);
-    if (p.delta_bias != nullptr) d = simd::add(d, bias);
-    if (p.delta_softplus) d = simd::softplus(d);
-    simd::store(c.dl + tb * W, d);
-    simd::store(c.du + tb * W, simd::mul(d, simd::load(c.ub + tb * W)));
+  if (!rows_only) {
+    gather_block(p.delta, p.delta_t, c.row0, c.L, c.nch, t0, nt, dl);
+    gather_block(p.u, p.u_t, c.row0, c.L, c.nch, t0, nt, ub);
+    const VF bias = simd::load(c.biasv);
+    for (int tb = 0; tb < W; ++tb) {
+      VF d = simd::load(dl + tb * W);
+      if (p.delta_bias != nullptr) d = simd::add(d, bias);
+      if (p.delta_softplus) d = simd::softplus(d);
+      simd::store(dl + tb * W, d);
+      simd::store(du + tb * W, simd::mul(d, simd::load(ub + tb * W)));
+    }
   }
   auto rows = [&](const void* src, SsType ty, int64_t base, float* dst) {
     for (int64_t n = 0; n < c.N; ++n) {
@@ -324,7 +330,7 @@ JSS_INLINE void prepare(const Ctx& c, int64_t t0, int nt) {
 }
 
 // out block = (y [+ y_rev] + k D u) * silu(z), or y kept in yr (first pass of bidirectional).
-inline void finish_block(const Ctx& c, int64_t t0, int nt, bool to_yr, bool add_yr) {
+inline void finish_block(const Ctx& c, int64_t t0, int nt, bool to_yr, bool add_yr, const float* ub) {
   const SsParams& p = *c.p;
   if (to_yr) {
     for (int tb = 0; tb < nt; ++tb) simd::store(c.yr + (t0 + tb) * W, simd::load(c.yb + tb * W));
@@ -335,7 +341,7 @@ inline void finish_block(const Ctx& c, int64_t t0, int nt, bool to_yr, bool add_
   for (int tb = 0; tb < W; ++tb) {
     VF y = simd::load(c.yb + tb * W);
     if (add_yr && tb < nt) y = simd::add(y, simd::load(c.yr + (t0 + tb) * W));
-    if (p.D != nullptr) y = simd::fma(dv, simd::load(c.ub + tb * W), y);
+    if (p.D != nullptr) y = simd::fma(dv, simd::load(ub + tb * W), y);
     if (p.z != nullptr) y = simd::mul(y, simd::silu(simd::load(c.tmp + tb * W)));
     simd::store(c.yb + tb * W, y);
   }
@@ -399,11 +405,17 @@ JSS_INLINE void prefetch_burst(int64_t bi, int64_t t0, bool down, int64_t L, int
 #endif
 }
 
+// Where a pass's prepared rows (dl, du, ub) live: kOwn, the task's one-block scratch; kKeep,
+// computed into c.kp's block (the first pass of bidirectional); kKept, read from there (the
+// second pass: the same values without the gathers and the softplus).
+enum class Prep { kOwn, kKeep, kKept };
+
 // Scan-order blocks [bi0, bi1) (-1: all). TRACK (L split, phase 1): also keep dA's
 // running product in c.Ps and return after the first block at whose end it is
 // <= kSsCarryDrop in every lane and state (the returned index; bi1 when that never happens).
 template <int NS, bool BVAR, bool CVAR, int DA, bool TRACK = false>
-int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 0, int64_t bi1 = -1) {
+int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 0, int64_t bi1 = -1,
+             Prep prep = Prep::kOwn) {
   const int64_t N = NS > 0 ? NS : c.N;
   VF hreg[NS > 0 ? NS : 1];
   if constexpr (NS > 0) {
@@ -438,13 +450,19 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
         }
       }, sub, nsub);
     };
-    prepare<BVAR, CVAR>(c, t0, nt);
+    float *dl = c.dl, *du = c.du, *ub = c.ub;
+    if (prep != Prep::kOwn) {
+      dl = c.kp + blk * 3 * W * W;
+      du = dl + W * W;
+      ub = du + W * W;
+    }
+    prepare<BVAR, CVAR>(c, t0, nt, dl, du, ub, prep == Prep::kKept);
     for (int k = 0; k < nt; ++k) {
       constexpr int kEvery = W / kSsFwdPrefetchSub;
       if (k % kEvery == 0) prefetch(k / kEvery, kSsFwdPrefetchSub);
       const int tb = reverse ? nt - 1 - k : k;
-      const VF dlv = simd::load(c.dl + tb * W);
-      const VF duv = simd::load(c.du + tb * W);
+      const VF dlv = simd::load(dl + tb * W);
+      const VF duv = simd::load(du + tb * W);
       VF y = simd::broadcast(0.0f);
       float* dAp = DA != 0 ? c.dA + (t0 + tb) * N * W : nullptr;
       // One range check per step instead of one per state: delta in [0, dmax]
@@ -479,7 +497,7 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
       else all_states(std::false_type());
       simd::store(c.yb + tb * W, y);
     }
-    finish_block(c, t0, nt, to_yr, add_yr);
+    finish_block(c, t0, nt, to_yr, add_yr, ub);
     if constexpr (TRACK) {
       bool zero = true;
       for (int64_t n = 0; n < N; ++n)
@@ -564,13 +582,16 @@ void run_task(const Ctx& c, const SsTask& t) {
       // the forward pass's first kb. Kept or recomputed, the values are the same.
       const int64_t nb = (c.L + W - 1) / W;
       const int64_t kb = c.dA == nullptr ? 0 : c.dA_blocks < nb ? c.dA_blocks : nb;
-      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, true, true, false, 0, nb - kb);
-      if (kb > 0) pass<NS, BVAR, CVAR, 1>(c, true, true, false, nb - kb, nb);
+      // Every block's prepared rows are kept too (c.kp), and the forward pass reads them.
+      const Prep keep = c.kp != nullptr ? Prep::kKeep : Prep::kOwn;
+      const Prep kept = c.kp != nullptr ? Prep::kKept : Prep::kOwn;
+      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, true, true, false, 0, nb - kb, keep);
+      if (kb > 0) pass<NS, BVAR, CVAR, 1>(c, true, true, false, nb - kb, nb, keep);
       save_state(c, p.last_rev);
       init_state(c);
       if (row != nullptr) cm.ck = row + 1 + set;
-      if (kb > 0) pass<NS, BVAR, CVAR, 2>(c, false, false, true, 0, kb);
-      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, false, false, true, kb, nb);
+      if (kb > 0) pass<NS, BVAR, CVAR, 2>(c, false, false, true, 0, kb, kept);
+      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, false, false, true, kb, nb, kept);
       save_state(c, p.last_fwd);
       break;
     }
@@ -1044,6 +1065,7 @@ inline void run(const SsParams& p, const SsTask& t) {
   c.tmp = take(W * W);
   c.Dv = take(W); c.biasv = take(W);
   c.yr = t.split ? t.yr : p.direction == SsDirection::kBidirectional ? take(c.L * W) : nullptr;
+  c.kp = !t.split && p.direction == SsDirection::kBidirectional ? take((c.L + W - 1) / W * 3 * W * W) : nullptr;
   c.dA = t.split ? nullptr : t.dA;
   c.dA_blocks = c.dA != nullptr ? t.dA_blocks : 0;
   c.Ps = take(c.N * W);

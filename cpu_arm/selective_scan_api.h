@@ -121,12 +121,15 @@ struct SsTable {
 };
 
 // Floats of scratch one task needs besides dA (a multiple of 16).
-// `yr`: room for the reverse half's y of an unsplit bidirectional task ([length][lanes] on the
-// channel path, [length] on the along-L path); directional calls and L-split pieces (whose yr is
-// the caller's) need none, so their scratch does not grow with L.
+// `yr`: room for what an unsplit bidirectional task keeps from its first pass for its second:
+// the reverse half's y ([length][lanes] on the channel path, [length] on the along-L path) and,
+// on the channel path, every block's prepared rows ([blocks][3][lanes][lanes]); directional
+// calls and L-split pieces (whose yr is the caller's) need none, so their scratch does not grow
+// with L.
 inline int64_t ss_work_floats(int64_t lanes, int64_t dstate, int64_t length, bool yr) {
   const int64_t chunk = ss_seg_len(lanes, dstate) * lanes;
-  return (10 * dstate * lanes + 12 * lanes * lanes + 2 * dstate * lanes * lanes + (yr ? length * lanes + 16 : 0) +
+  const int64_t kept = yr ? length * lanes + 16 + 3 * ((length + lanes - 1) / lanes) * lanes * lanes : 0;
+  return (10 * dstate * lanes + 12 * lanes * lanes + 2 * dstate * lanes * lanes + kept +
           (dstate + 2) * chunk + 8 * dstate + 1024 + 15) / 16 * 16;
 }
 
