@@ -272,8 +272,8 @@ struct Ctx {
   float *dl, *du, *ub, *yb, *tmp;      // [W][W]
   float *Dv, *biasv;                   // [W]
   float* yr;                           // [L][W]
-  float* kp;                           // [blocks][3][W][W]: the blocks' prepared dl, du, ub
-                                       // (bidirectional: kept by the first pass) or null
+  float* kp;                           // [kp_blocks][3][W][W]: the blocks' prepared dl, du, ub
+  int64_t kp_blocks;                   // (bidirectional: kept by the first pass) or null / 0
   float* dA;                           // [dA_blocks * W][N][W] or null
   int64_t dA_blocks;                   // blocks of W steps from t = 0 kept in dA
   float* Ps;                           // [N][W] dA's running product (L split)
@@ -407,7 +407,8 @@ JSS_INLINE void prefetch_burst(int64_t bi, int64_t t0, bool down, int64_t L, int
 
 // Where a pass's prepared rows (dl, du, ub) live: kOwn, the task's one-block scratch; kKeep,
 // computed into c.kp's block (the first pass of bidirectional); kKept, read from there (the
-// second pass: the same values without the gathers and the softplus).
+// second pass: the same values without the gathers and the softplus). Blocks from
+// c.kp_blocks on have no kept rows and use kOwn.
 enum class Prep { kOwn, kKeep, kKept };
 
 // Scan-order blocks [bi0, bi1) (-1: all). TRACK (L split, phase 1): also keep dA's
@@ -450,13 +451,11 @@ int64_t pass(const Ctx& c, bool reverse, bool to_yr, bool add_yr, int64_t bi0 = 
         }
       }, sub, nsub);
     };
-    float *dl = c.dl, *du = c.du, *ub = c.ub;
-    if (prep != Prep::kOwn) {
-      dl = c.kp + blk * 3 * W * W;
-      du = dl + W * W;
-      ub = du + W * W;
-    }
-    prepare<BVAR, CVAR>(c, t0, nt, dl, du, ub, prep == Prep::kKept);
+    const bool kept_block = prep != Prep::kOwn && blk < c.kp_blocks;
+    float* dl = kept_block ? c.kp + blk * 3 * W * W : c.dl;
+    float* du = kept_block ? dl + W * W : c.du;
+    float* ub = kept_block ? du + W * W : c.ub;
+    prepare<BVAR, CVAR>(c, t0, nt, dl, du, ub, kept_block && prep == Prep::kKept);
     for (int k = 0; k < nt; ++k) {
       constexpr int kEvery = W / kSsFwdPrefetchSub;
       if (k % kEvery == 0) prefetch(k / kEvery, kSsFwdPrefetchSub);
@@ -582,7 +581,8 @@ void run_task(const Ctx& c, const SsTask& t) {
       // the forward pass's first kb. Kept or recomputed, the values are the same.
       const int64_t nb = (c.L + W - 1) / W;
       const int64_t kb = c.dA == nullptr ? 0 : c.dA_blocks < nb ? c.dA_blocks : nb;
-      // Every block's prepared rows are kept too (c.kp), and the forward pass reads them.
+      // The blocks' prepared rows are kept too (c.kp, the first kp_blocks), and the forward
+      // pass reads them.
       const Prep keep = c.kp != nullptr ? Prep::kKeep : Prep::kOwn;
       const Prep kept = c.kp != nullptr ? Prep::kKept : Prep::kOwn;
       if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, true, true, false, 0, nb - kb, keep);
@@ -1065,7 +1065,8 @@ inline void run(const SsParams& p, const SsTask& t) {
   c.tmp = take(W * W);
   c.Dv = take(W); c.biasv = take(W);
   c.yr = t.split ? t.yr : p.direction == SsDirection::kBidirectional ? take(c.L * W) : nullptr;
-  c.kp = !t.split && p.direction == SsDirection::kBidirectional ? take((c.L + W - 1) / W * 3 * W * W) : nullptr;
+  c.kp_blocks = !t.split && p.direction == SsDirection::kBidirectional ? t.prep_blocks : 0;
+  c.kp = c.kp_blocks > 0 ? take(c.kp_blocks * 3 * W * W) : nullptr;
   c.dA = t.split ? nullptr : t.dA;
   c.dA_blocks = c.dA != nullptr ? t.dA_blocks : 0;
   c.Ps = take(c.N * W);

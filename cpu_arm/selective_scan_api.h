@@ -61,7 +61,8 @@ inline int64_t ss_ckpt_row(int64_t lanes, int64_t dstate, int64_t length, SsDire
 // aligned); `dA` (bidirectional only, may be null: then the forward pass
 // recomputes exp(delta A)) holds dA_blocks * lanes * dstate * lanes floats: the
 // exponentials of the first dA_blocks blocks of lanes steps, kept by the reverse
-// pass for the forward pass (the rest are recomputed).
+// pass for the forward pass (the rest are recomputed). Likewise the prepared rows (delta
+// after softplus, delta * u, u) of the first `prep_blocks` blocks, kept in `work`.
 //
 // L split (split = 1): the task is one direction (`reverse`) of one piece
 // `piece` of `pieces` contiguous ranges of the scanned axis (ranges of whole
@@ -81,6 +82,7 @@ struct SsTask {
   float* work;
   float* dA;
   int64_t dA_blocks;
+  int64_t prep_blocks;
   int32_t split, phase, reverse, yr_mode;  // yr_mode: 0 none, 1 write yr, 2 add yr
   int64_t piece, pieces;
   const float* hin;
@@ -123,12 +125,12 @@ struct SsTable {
 // Floats of scratch one task needs besides dA (a multiple of 16).
 // `yr`: room for what an unsplit bidirectional task keeps from its first pass for its second:
 // the reverse half's y ([length][lanes] on the channel path, [length] on the along-L path) and,
-// on the channel path, every block's prepared rows ([blocks][3][lanes][lanes]); directional
-// calls and L-split pieces (whose yr is the caller's) need none, so their scratch does not grow
-// with L.
-inline int64_t ss_work_floats(int64_t lanes, int64_t dstate, int64_t length, bool yr) {
+// on the channel path, the prepared rows of its first `prep_blocks` blocks
+// ([prep_blocks][3][lanes][lanes], SsTask::prep_blocks); directional calls and L-split pieces
+// (whose yr is the caller's) need none, so their scratch does not grow with L.
+inline int64_t ss_work_floats(int64_t lanes, int64_t dstate, int64_t length, bool yr, int64_t prep_blocks = 0) {
   const int64_t chunk = ss_seg_len(lanes, dstate) * lanes;
-  const int64_t kept = yr ? length * lanes + 16 + 3 * ((length + lanes - 1) / lanes) * lanes * lanes : 0;
+  const int64_t kept = yr ? length * lanes + 16 + 3 * prep_blocks * lanes * lanes : 0;
   return (10 * dstate * lanes + 12 * lanes * lanes + 2 * dstate * lanes * lanes + kept +
           (dstate + 2) * chunk + 8 * dstate + 1024 + 15) / 16 * 16;
 }

@@ -45,6 +45,14 @@ int64_t ss_kept_da_blocks(int64_t lanes, int64_t dstate, int64_t length) {
   return std::min((length + lanes - 1) / lanes, std::max<int64_t>(0, max_da) / block_bytes);
 }
 
+int64_t ss_kept_prep_blocks(int64_t lanes, int64_t length) {
+  int64_t max_bytes = kSsMaxPrepBytes;
+  if (const char* env = std::getenv("JAX_SELSCAN_SS_PREP_BYTES"); env != nullptr && env[0] != '\0')
+    max_bytes = std::strtoll(env, nullptr, 10);
+  const int64_t block_bytes = 3 * lanes * lanes * int64_t(sizeof(float));
+  return std::min((length + lanes - 1) / lanes, std::max<int64_t>(0, max_bytes) / block_bytes);
+}
+
 void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& executor) {
   // Checkpoints: every row's flag starts at 0 ("not written"); the channel-path tasks
   // (not the along-L path, not the L split) write theirs and set it. A row length
@@ -109,7 +117,8 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
     pieces = std::min({(threads + tasks - 1) / tasks, std::max<int64_t>(1, p.length / min_piece), units});
   }
   if (pieces > 1) p.ckpt = nullptr;
-  const int64_t work_floats = ss_work_floats(lanes, p.dstate, p.length, bidi && pieces <= 1);
+  const int64_t prep_blocks = bidi && pieces <= 1 ? ss_kept_prep_blocks(lanes, p.length) : 0;
+  const int64_t work_floats = ss_work_floats(lanes, p.dstate, p.length, bidi && pieces <= 1, prep_blocks);
   if (pieces <= 1) {
     // Bidirectional: the exponentials of as many leading blocks as the limit allows are kept.
     const int64_t da_blocks = bidi ? ss_kept_da_blocks(lanes, p.dstate, p.length) : 0;
@@ -126,6 +135,7 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
         t.work = work.get();
         t.dA = da.get();
         t.dA_blocks = da_blocks;
+        t.prep_blocks = prep_blocks;
         table.run(p, t);
       }
     };

@@ -31,6 +31,11 @@ int64_t ss_default_da_bytes();
 // Blocks of `lanes` steps whose exp(delta A) a bidirectional task keeps: as many as fit
 // ss_default_da_bytes() (or JAX_SELSCAN_SS_DA_BYTES), at most all of them. Forward and backward.
 int64_t ss_kept_da_blocks(int64_t lanes, int64_t dstate, int64_t length);
+// Blocks whose prepared rows (3 lanes x lanes floats each) a bidirectional task on the channel
+// path keeps for its forward pass: all, up to kSsMaxPrepBytes (JAX_SELSCAN_SS_PREP_BYTES
+// overrides it, for tests), so that the scratch stays bounded at long L.
+constexpr int64_t kSsMaxPrepBytes = int64_t(16) << 20;
+int64_t ss_kept_prep_blocks(int64_t lanes, int64_t length);
 // With fewer tasks than threads each task's sequence is split into pieces of at
 // least this many steps, one per thread (JAX_SELSCAN_SS_PIECE_STEPS overrides it,
 // for tests). The split changes results by float rounding only (see SsTask).

@@ -268,6 +268,16 @@ void run_case(const Case& c, const SsTable& table, uint32_t seed) {
               "%s bidi last states keeping dA of %lld blocks != default", what, (long long)kb);
     }
     unsetenv("JAX_SELSCAN_SS_DA_BYTES");
+    // Likewise the prepared rows the forward pass reads (the first blocks' or none).
+    for (int64_t kb : {int64_t(0), int64_t(1), nb - 1}) {
+      if (kb < 0) continue;
+      setenv("JAX_SELSCAN_SS_PREP_BYTES", std::to_string(kb * 3 * table.lanes * table.lanes * 4).c_str(), 1);
+      const Result bk = run(c, x, SsDirection::kBidirectional, table, one);
+      CHECK(std::memcmp(bk.out.data(), bi.out.data(), bi.out.size() * sizeof(bi.out[0])) == 0,
+            "%s bidi keeping the prepared rows of %lld blocks of %lld != default", what, (long long)kb,
+            (long long)nb);
+    }
+    unsetenv("JAX_SELSCAN_SS_PREP_BYTES");
   }
   // Threads. With at least as many tasks as threads every task is computed the same
   // way whichever thread runs it (bit-identical to one thread); with fewer, L is
