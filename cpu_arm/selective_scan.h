@@ -15,8 +15,9 @@
 //
 // Bidirectional: the reverse pass runs first, computes dA once, keeps it in a
 // per-task buffer (for the lowest SsTask::dA_blocks blocks: the ones it visits
-// last, as many as fit the cache), its y (before D and the gate) and every block's
-// prepared rows (delta after softplus, delta * u, u); the forward pass then reads
+// last, as many as fit the cache), its y (before D and the gate) and its blocks'
+// prepared rows (delta after softplus, delta * u, u; SsTask::prep_blocks of them, all
+// but at very long L); the forward pass then reads
 // those dA instead of recomputing the exponentials (and recomputes the rest), reads
 // the prepared rows instead of gathering them again, and writes out = (y_fwd + y_rev + 2 D u) *
 // silu(z). The two directions' arithmetic is exactly that of two separate
@@ -272,8 +273,8 @@ struct Ctx {
   float *dl, *du, *ub, *yb, *tmp;      // [W][W]
   float *Dv, *biasv;                   // [W]
   float* yr;                           // [L][W]
-  float* kp;                           // [kp_blocks][3][W][W]: the blocks' prepared dl, du, ub
-  int64_t kp_blocks;                   // (bidirectional: kept by the first pass) or null / 0
+  float* kp;                           // [kp_blocks][3][W][W] prepared dl, du, ub of the first
+  int64_t kp_blocks;                   // blocks (bidirectional: kept by its first pass), or 0
   float* dA;                           // [dA_blocks * W][N][W] or null
   int64_t dA_blocks;                   // blocks of W steps from t = 0 kept in dA
   float* Ps;                           // [N][W] dA's running product (L split)
