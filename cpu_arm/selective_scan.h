@@ -17,12 +17,12 @@
 // per-task buffer (for the lowest SsTask::dA_blocks blocks: the ones it visits
 // last, as many as fit the cache), its y (before D and the gate) and its blocks'
 // prepared rows (delta after softplus, delta * u, u; SsTask::prep_blocks of them, all
-// but at very long L); the forward pass then reads
-// those dA instead of recomputing the exponentials (and recomputes the rest), reads
-// the prepared rows instead of gathering them again, and writes out = (y_fwd + y_rev + 2 D u) *
-// silu(z). The two directions' arithmetic is exactly that of two separate
-// calls (same operations in the same order), so the fused result equals
-// forward + reverse computed separately up to the final rounding of the sum.
+// but at very long L). The forward pass then reads those dA instead of recomputing
+// the exponentials (and recomputes the rest), reads the prepared rows instead of
+// gathering them again, and writes out = (y_fwd + y_rev + 2 D u) * silu(z). The two
+// directions' arithmetic is exactly that of two separate calls (same operations in
+// the same order), so the fused result equals forward + reverse computed separately
+// up to the final rounding of the sum.
 //
 // Few channels (at most lanes / 4 per task): the along-L path further down
 // (time in the lanes). Fewer tasks than threads: a task is also run as pieces of
@@ -582,17 +582,15 @@ void run_task(const Ctx& c, const SsTask& t) {
       // the forward pass's first kb. Kept or recomputed, the values are the same.
       const int64_t nb = (c.L + W - 1) / W;
       const int64_t kb = c.dA == nullptr ? 0 : c.dA_blocks < nb ? c.dA_blocks : nb;
-      // The blocks' prepared rows are kept too (c.kp, the first kp_blocks), and the forward
-      // pass reads them.
-      const Prep keep = c.kp != nullptr ? Prep::kKeep : Prep::kOwn;
-      const Prep kept = c.kp != nullptr ? Prep::kKept : Prep::kOwn;
-      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, true, true, false, 0, nb - kb, keep);
-      if (kb > 0) pass<NS, BVAR, CVAR, 1>(c, true, true, false, nb - kb, nb, keep);
+      // The prepared rows of the first c.kp_blocks blocks are kept too (Prep::kKeep), and
+      // the forward pass reads them (Prep::kKept).
+      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, true, true, false, 0, nb - kb, Prep::kKeep);
+      if (kb > 0) pass<NS, BVAR, CVAR, 1>(c, true, true, false, nb - kb, nb, Prep::kKeep);
       save_state(c, p.last_rev);
       init_state(c);
       if (row != nullptr) cm.ck = row + 1 + set;
-      if (kb > 0) pass<NS, BVAR, CVAR, 2>(c, false, false, true, 0, kb, kept);
-      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, false, false, true, kb, nb, kept);
+      if (kb > 0) pass<NS, BVAR, CVAR, 2>(c, false, false, true, 0, kb, Prep::kKept);
+      if (kb < nb) pass<NS, BVAR, CVAR, 0>(c, false, false, true, kb, nb, Prep::kKept);
       save_state(c, p.last_fwd);
       break;
     }
