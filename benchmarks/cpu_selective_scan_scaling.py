@@ -1,7 +1,7 @@
 """Thread scaling of the CPU fused selective scan (forward), with the memory-bandwidth ceiling.
 
     python benchmarks/cpu_selective_scan_scaling.py [--quick] [--threads 1,2,4,8,16]
-        [--out benchmarks/results/cpu_selective_scan_scaling]
+        [--cpus 0,8,1,9,...] [--out benchmarks/results/cpu_selective_scan_scaling]
 
 For each thread count k (1, 2, 4, 8, 16 by default, capped at os.cpu_count()) a fresh
 subprocess pins itself to k CPUs (sched_setaffinity, before jax is imported, so XLA's
@@ -117,7 +117,8 @@ def markdown(res):
     m = res["meta"]
     out = ["# CPU selective_scan thread scaling (forward, float32)\n",
            f"- date: {m['date']}\n- machine: {m['machine']}\n- commit: {m['commit']} (jax {m['jax']})\n"
-           f"- command: `{m['command']}`\n- {m['note']}\n",
+           f"- command: `{m['command']}`\n- {m['note']}\n"
+           f"- CPUs taken in the order {m.get('cpu_order', 'ascending')}\n",
            "| batch, D, L, N | threads | kernel ms | speed-up vs 1 | kernel GB/s | elementwise GB/s "
            "| bandwidth bound ms | of bound |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -136,6 +137,10 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small shapes, 3 repeats")
     ap.add_argument("--threads", default="1,2,4,8,16")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_selective_scan_scaling"))
+    ap.add_argument("--cpus", default="",
+                    help="the order in which CPUs are taken (k threads pin to the first k), e.g. "
+                         "0,8,1,9,... to put two threads on different cores where 0-1 are SMT siblings; "
+                         "default: the affinity mask, ascending")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     shapes = QUICK_SHAPES if args.quick else SHAPES
@@ -146,6 +151,9 @@ def main():
     ncpu = os.cpu_count() or 1
     counts = sorted({min(int(t), ncpu) for t in args.threads.split(",") if t.strip()})
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(ncpu))
+    if args.cpus:
+        cpus = [int(c) for c in args.cpus.split(",") if c.strip()]
+        counts = [k for k in counts if k <= len(cpus)]
     rows = []
     t_start = time.time()
     for k in counts:
@@ -177,7 +185,7 @@ def main():
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 machine=f"{lscpu_model()}, {ncpu} logical CPUs ({platform.machine()})",
                 commit=commit + (" (+ local changes)" if dirty else ""), jax=jax.__version__,
-                command=" ".join(["python"] + sys.argv), thread_counts=counts,
+                command=" ".join(["python"] + sys.argv), thread_counts=counts, cpu_order=cpus,
                 wall_s=round(time.time() - t_start, 1),
                 note=f"medians of {repeats} runs after a warm-up (compile excluded); one process "
                      "per thread count, pinned to that many CPUs, JAX_SELSCAN_CPU_THREADS set")
