@@ -120,6 +120,21 @@ JSS_INLINE VF exp2_poly(VF f) {
   return fma(p, f, broadcast(1.0f));
 }
 
+// The same polynomial evaluated at g = -f, its odd coefficients negated. Each partial sum is
+// the exact negation of exp2_poly's (round to nearest is symmetric), so the result has
+// exp2_poly(f)'s bits. What it buys is the reduction: g = k - x fuses with the caller's
+// x = delta * A2 into one FMLS on NEON, where f = x - k needs an FNEG and an FMLA (x86 has
+// a fused form either way).
+JSS_INLINE VF exp2_poly_neg(VF g) {
+  VF p = broadcast(1.535336196e-04f);
+  p = fma(p, g, broadcast(-1.339887502e-03f));
+  p = fma(p, g, broadcast(9.618436918e-03f));
+  p = fma(p, g, broadcast(-5.550332367e-02f));
+  p = fma(p, g, broadcast(2.402264774e-01f));
+  p = fma(p, g, broadcast(-6.931471825e-01f));
+  return fma(p, g, broadcast(1.0f));
+}
+
 inline __attribute__((noinline)) VF exp2_tiny(VF x, VF fast) {
   const VF magic = broadcast(12582912.0f);  // 1.5 * 2^23
   const VF xc = max(x, broadcast(-151.0f));
@@ -156,14 +171,14 @@ inline __attribute__((noinline)) VF exp2_general_slow(VF x) {
 JSS_INLINE VF exp2_inrange(VF x) {
   const VF magic = broadcast(12582912.0f);
   const VF t = add(x, magic);
-  return scale_bits(exp2_poly(sub(x, sub(t, magic))), t);
+  return scale_bits(exp2_poly_neg(sub(sub(t, magic), x)), t);
 }
 
 JSS_INLINE VF exp2_any(VF x) {
   if (__builtin_expect(any_outside(x, -125.0f, 0.0f), 0)) return exp2_general_slow(x);
   const VF magic = broadcast(12582912.0f);
   const VF t = add(x, magic);
-  return scale_bits(exp2_poly(sub(x, sub(t, magic))), t);
+  return scale_bits(exp2_poly_neg(sub(sub(t, magic), x)), t);
 }
 
 // ---- softplus, sigmoid, silu ---------------------------------------------------------
