@@ -23,8 +23,9 @@
 # benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON;
 # CPU_SCALING=0 skips the curve; CPU_BENCH_ARGS="--shapes ..." a subset; JSS_CUDA=OFF builds the CPU extension alone).
 # Each stage has its own time limit so that a hang cannot eat the whole call.
-# Only a few files come back from the device: the stage logs go to $LOGS and are joined
-# into $OUT/stages.log at the end; the benchmark writes its JSON / Markdown into $OUT.
+# Only a few files come back from the device (at most 8 from $OUT; past that, whole files are
+# left out, stages.log among them): the stage logs go to $LOGS, kept outside $OUT, and are
+# joined into $OUT/stages.log at the end; the benchmark writes its JSON / Markdown into $OUT.
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}
 LOGS=${LOGS:-/tmp/gpu_check_logs}
