@@ -1,7 +1,7 @@
 // row_pipe: few long contiguous rows as a persistent, warp-specialised pipeline (the roles,
 // ring and mbarriers of strided_pipe.cuh, over contiguous tiles; docs/PERFORMANCE_CUDA.md
-// sections 11, 12). Included by scan_kernels.cuh after strided_pipe.cuh, whose mbarrier
-// primitives and role size it uses.
+// sections 11, 12). Builds on strided_pipe.cuh, whose mbarrier primitives and role
+// size it uses.
 //
 // Why: row_stage's block loads, scans, looks back and stores one after the other, so its
 // loads are in flight only in the first phase. Here a producer warp keeps a ring of NSLOT
@@ -51,6 +51,8 @@
 // by tile parity (a thread reaches tile i+2 only after all have passed tile i+1's first
 // barrier, so after they read tile i's); the window masks by round parity.
 #pragma once
+
+#include "strided_pipe.cuh"
 
 namespace jss {
 

@@ -1,7 +1,7 @@
 // strided_pipe: the strided layout's look-back tile as a persistent, warp-specialised
 // pipeline ("auto" for strided scans longer than 1024 steps with float state;
-// docs/PERFORMANCE_CUDA.md section 10). Included by scan_kernels.cuh after the strided_stage
-// host part, whose tile geometry it shares.
+// docs/PERFORMANCE_CUDA.md section 10). Builds on strided_stage (scan_stage_kernels.cuh), whose
+// tile geometry and staged fold and walk it shares.
 //
 // Why: strided_stage's block runs its phases one after another (load -> walk -> publish ->
 // look back -> fold -> walk + store), so its loads are in flight only in the first phase;
@@ -32,7 +32,7 @@
 // read in one access, float state only), so a channel's look-back needs no fence and reads
 // flag and value in one round trip. Each finisher thread looks back over its own channels'
 // words: the nearest inclusive prefix j, then aggregates j+1 .. k-1 folded in order (the
-// canonical left fold of the file header of scan_kernels.cuh: the same bits whatever the
+// canonical left fold of scan_kernels.cuh's header: the same bits whatever the
 // timing).
 //
 // Synchronisation inside the block (mbarriers; arrive = release, wait = acquire, CTA scope):
@@ -57,6 +57,9 @@
 // unrolled (that was ~1100 instructions a tile); UF (the aggregators' fold and the producer's
 // copies) and UW (the finishers' walk) unroll the loops over a tile's steps that many at a time.
 #pragma once
+
+#include "scan_launch.cuh"
+#include "scan_stage_kernels.cuh"
 
 namespace jss {
 

@@ -1,4 +1,4 @@
-"""CPU mirrors of the CUDA linear_scan kernels' index arithmetic (cuda/scan_kernels.cuh).
+"""CPU mirrors of the CUDA linear_scan kernels' index arithmetic (cuda/scan_*.cuh).
 
 Each mirror re-does, in NumPy, what one kernel does: tile ids (chunk-major), which lane and
 item holds which element (forward, reverse, 16-byte vectors or scalars), the warp shuffles,
