@@ -1,4 +1,5 @@
-"""Float64 NumPy reference loops shared by the tests (plain functions, no JAX).
+"""Float64 NumPy reference loops shared by the tests (plain functions, no JAX), and inputs
+with planted NaN / Inf.
 
 Every function casts its inputs to float64 (pass the exact values the code under
 test sees, e.g. bf16-rounded inputs converted with np.asarray(x, np.float64)).
@@ -86,3 +87,25 @@ def selective_state_update_np(state, x, dt, A, B, C, D=None, z=None, dt_bias=Non
     if z is not None:
         y = y * _silu(z)
     return y, new_state
+
+
+# --- inputs with planted NaN / Inf (linear_scan, CPU and GPU tests) ------------------------
+
+def with_specials(shape, axis, a_range, seed):
+    """float32 inputs with NaN and +-Inf planted along the scanned axis of different chains
+    (all in one chain when there is only one): b NaN, b +Inf, b -Inf, a NaN."""
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(*a_range, shape).astype(np.float32)
+    b = rng.standard_normal(shape).astype(np.float32)
+    L = shape[axis]
+    av, bv = np.moveaxis(a, axis, 0).reshape(L, -1), np.moveaxis(b, axis, 0).reshape(L, -1)
+    m = av.shape[1]
+    for j, (arr, val, frac) in enumerate(((bv, np.nan, 0.3), (bv, np.inf, 0.1), (bv, -np.inf, 0.9),
+                                          (av, np.nan, 0.8))):
+        arr[int(frac * L), (j * 7) % m] = val
+    back = lambda v: np.moveaxis(v.reshape((L,) + tuple(np.delete(shape, axis))), 0, axis)
+    return back(av), back(bv)
+
+
+# contiguous rows (several, one, many short), strided with an outer axis, strided long
+SPECIAL_SHAPES = [((3, 5000), 1), ((20000,), 0), ((520, 64), 1), ((2, 700, 264), 1), ((1500, 264), 0)]

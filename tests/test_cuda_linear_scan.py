@@ -26,8 +26,10 @@ from jax_selscan import linear_scan, primitives
 
 try:
     from gpu_marks import requires_cuda
+    from references import SPECIAL_SHAPES, with_specials
 except ImportError:  # tests/ imported as a package
     from tests.gpu_marks import requires_cuda
+    from tests.references import SPECIAL_SHAPES, with_specials
 
 
 def gpu(f):
@@ -133,6 +135,43 @@ def test_empty(shape, axis):
     a = jnp.ones(shape, jnp.float32)
     h, p = linear_scan(a, a, axis=axis, return_a_prod=True)
     assert h.shape == shape and p.shape == shape
+
+
+@gpu
+@pytest.mark.parametrize("algorithm", ALGOS)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_nan_and_inf_propagate_like_the_loop(algorithm, reverse):
+    """With a close to 1 no product of a that a kernel forms underflows (0.9975^20000 is
+    e^-50), so NaN and +-Inf land exactly where the sequential loop puts them."""
+    for i, (shape, axis) in enumerate(SPECIAL_SHAPES):
+        a, b = with_specials(shape, axis, (0.995, 1.0), seed=i)
+        h = np.asarray(jax.jit(lambda a, b: linear_scan(a, b, axis=axis, reverse=reverse,
+                                                        algorithm=algorithm))(a, b))
+        want, _ = reference(a, b, np.zeros(np.delete(shape, axis)), axis, reverse)
+        assert np.isnan(want).any() and np.isinf(want).any()
+        np.testing.assert_array_equal(np.isnan(h), np.isnan(want), err_msg=str(shape))
+        np.testing.assert_array_equal(h[np.isinf(want)], want[np.isinf(want)], err_msg=str(shape))
+        fin = np.isfinite(want)
+        scale = max(1.0, float(np.abs(want[fin]).max()))  # float32 error grows with |h|
+        np.testing.assert_allclose(h[fin], want[fin], rtol=0, atol=1e-4 * scale, err_msg=str(shape))
+
+
+@gpu
+@pytest.mark.parametrize("reverse", [False, True])
+def test_inf_meeting_an_underflowed_product_is_never_finite(reverse):
+    """The documented difference from the loop: where a product of a over a stretch that a
+    kernel combines at once underflows to 0, an infinite carry becomes NaN (0 * inf), as in
+    lax.associative_scan; the loop keeps +-Inf. Never a finite number, and NaN stays NaN."""
+    for i, (shape, axis) in enumerate(SPECIAL_SHAPES):
+        a, b = with_specials(shape, axis, (0.5, 0.6), seed=10 + i)
+        h = np.asarray(jax.jit(lambda a, b: linear_scan(a, b, axis=axis, reverse=reverse))(a, b))
+        want, _ = reference(a, b, np.zeros(np.delete(shape, axis)), axis, reverse)
+        assert not np.isfinite(h[~np.isfinite(want)]).any(), shape
+        assert np.isnan(h[np.isnan(want)]).all(), shape
+        fin = np.isfinite(want)
+        np.testing.assert_array_equal(np.isfinite(h), fin, err_msg=str(shape))
+        scale = max(1.0, float(np.abs(want[fin]).max()))  # float32 error grows with |h|
+        np.testing.assert_allclose(h[fin], want[fin], rtol=0, atol=1e-4 * scale, err_msg=str(shape))
 
 
 @gpu

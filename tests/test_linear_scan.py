@@ -14,6 +14,7 @@ import jax_selscan
 from jax_selscan import affine_combine, linear_scan
 from jax_selscan import _ffi
 from conftest import REQUIRE_CPU_KERNEL
+from references import SPECIAL_SHAPES, with_specials
 
 # Tolerances per dtype, relative to the scale of the reference (max |h|, at least 1).
 TOL = {
@@ -165,6 +166,30 @@ def test_nan_and_inf_propagate_like_the_loop(reverse):
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_nan_and_inf_in_long_scans(reverse):
+    """Few long rows take the CPU kernel's chunked path, many rows its threads. With a close
+    to 1 no product of a underflows (0.9999^(2^18) is e^-26) and NaN / +-Inf land where the
+    loop puts them;
+    with a in [0.5, 0.6] an infinite carry meeting an underflowed product turns NaN
+    (0 * inf, as in lax.associative_scan; the documented difference), never finite."""
+    for i, (shape, axis) in enumerate(SPECIAL_SHAPES + [((2**18,), 0)]):
+        for a_range, exact in (((0.9999, 1.0), True), ((0.5, 0.6), False)):
+            a, b = with_specials(shape, axis, a_range, seed=i)
+            got = np.asarray(linear_scan(a, b, axis=axis, reverse=reverse))
+            want = np_linear_scan(a, b, axis=axis, reverse=reverse)
+            fin = np.isfinite(want)
+            if exact:
+                assert np.isinf(want).any(), shape
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=str(shape))
+                np.testing.assert_array_equal(got[~fin & ~np.isnan(want)], want[~fin & ~np.isnan(want)])
+            else:
+                assert np.isnan(got[np.isnan(want)]).all(), shape
+            np.testing.assert_array_equal(np.isfinite(got), fin, err_msg=str(shape))
+            scale = max(1.0, float(np.abs(want[fin]).max()))  # float32 error grows with |h|
+            np.testing.assert_allclose(got[fin], want[fin], rtol=0, atol=1e-4 * scale, err_msg=str(shape))
 
 
 # --- jit, vmap, autodiff -----------------------------------------------------------------
