@@ -41,7 +41,7 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "selective_scan.h"
+#include "selective_scan_rows.h"
 #include "selective_scan_bwd_api.h"
 #include "selective_scan_bwd_narrow.h"
 

@@ -33,7 +33,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "selective_scan.h"
+#include "selective_scan_rows.h"
 #include "selective_scan_bwd_api.h"
 
 namespace jax_selscan {
