@@ -1,8 +1,16 @@
 """Argument checks shared by the public functions: clear errors at trace time."""
 from __future__ import annotations
 
+from typing import Union
+
 import numpy as np
+import jax
 import jax.numpy as jnp
+
+# What the public functions take for an array argument: jax arrays (tracers included) and NumPy
+# arrays or scalars; Python numbers and lists are refused (check_array), so this is narrower
+# than jax.typing.ArrayLike.
+ArrayInput = Union[jax.Array, np.ndarray, np.generic]
 
 # Inputs the kernels take. bf16/f16 are computed with a float32 state.
 SUPPORTED_DTYPES = (jnp.float32, jnp.float64, jnp.bfloat16, jnp.float16, jnp.complex64)
@@ -10,7 +18,7 @@ _SUPPORTED = tuple(np.dtype(d) for d in SUPPORTED_DTYPES)
 _NAMES = ", ".join(d.name for d in _SUPPORTED)
 
 
-def check_array(name: str, x):
+def check_array(name: str, x) -> ArrayInput:
     """Return x if it is an array (jax, numpy or tracer); otherwise a TypeError naming it."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name} must be an array, got {type(x).__name__}")

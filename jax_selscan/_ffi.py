@@ -36,5 +36,5 @@ def ss_lanes() -> int:
     """Steps per checkpoint block of the CPU selective scan's ISA now (0: no CPU kernel)."""
     if not HAS_CPU:
         return 0
-    from . import _cpu
+    from . import _cpu  # type: ignore[attr-defined]  # the compiled extension
     return int(_cpu.ss_lanes())

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 __all__ = ["declare", "applies", "spec_of", "named", "axis_size", "lower_partitioned"]
 
-_DECLARED = set()
+_DECLARED: set = set()
 
 
 def declare(prim) -> bool:

@@ -39,6 +39,7 @@ import collections
 import itertools
 import threading
 import weakref
+from typing import Callable
 
 import numpy as np
 import jax
@@ -57,7 +58,7 @@ _MAX_TERMS = 16
 _SUPPORTED = tuple(np.dtype(d) for d in SUPPORTED_DTYPES)
 
 
-def associative_scan(fn, elems, reverse=False, axis=0):
+def associative_scan(fn: Callable, elems, reverse: bool = False, axis: int = 0):
     """Drop-in for ``jax.lax.associative_scan(fn, elems, reverse=reverse, axis=axis)``.
 
     If `fn` is the affine combine (see `jax_selscan.affine_combine`, or the same

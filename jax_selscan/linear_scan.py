@@ -1,11 +1,14 @@
 """linear_scan: the public entry point for h[t] = a[t] * h[t-1] + b[t]."""
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import numpy as np
 import jax.numpy as jnp
+from jax import Array
 
 from . import primitives
-from ._checks import check_array, check_bool, normalize_axis, result_dtype
+from ._checks import ArrayInput, check_array, check_bool, normalize_axis, result_dtype
 
 
 def affine_combine(earlier, later):
@@ -19,7 +22,7 @@ def affine_combine(earlier, later):
     return a2 * a1, a2 * b1 + b2
 
 
-def prepare(a, b, *, axis, reverse, h0, return_a_prod, algorithm):
+def prepare(a, b, *, axis, reverse, h0, return_a_prod, algorithm) -> tuple[Array, Array, Array, int, bool, bool]:
     """linear_scan's arguments checked (errors name the argument) and normalised: a, b and h0
     as arrays of the promoted dtype, a and b broadcast, h0 defaulted to zeros, axis >= 0.
     Returns (a, b, h0, axis, reverse, return_a_prod)."""
@@ -56,7 +59,19 @@ def prepare(a, b, *, axis, reverse, h0, return_a_prod, algorithm):
     return a, b, h0, axis, reverse, return_a_prod
 
 
-def linear_scan(a, b, *, axis=0, reverse=False, h0=None, return_a_prod=False, algorithm="auto"):
+@overload
+def linear_scan(a: ArrayInput, b: ArrayInput, *, axis: int = 0, reverse: bool = False,
+                h0: ArrayInput | None = None, return_a_prod: Literal[False] = False,
+                algorithm: primitives.Algorithm = "auto") -> Array: ...
+@overload
+def linear_scan(a: ArrayInput, b: ArrayInput, *, axis: int = 0, reverse: bool = False,
+                h0: ArrayInput | None = None, return_a_prod: Literal[True],
+                algorithm: primitives.Algorithm = "auto") -> tuple[Array, Array]: ...
+
+
+def linear_scan(a: ArrayInput, b: ArrayInput, *, axis: int = 0, reverse: bool = False,
+                h0: ArrayInput | None = None, return_a_prod: bool = False,
+                algorithm: primitives.Algorithm = "auto") -> Array | tuple[Array, Array]:
     """h[t] = a[t] * h[t-1] + b[t] along `axis` (h[t+1] with reverse=True), h[-1] = h0.
 
     a and b broadcast against each other; h0 (default zeros) has the shape of

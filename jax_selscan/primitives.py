@@ -16,6 +16,7 @@ sharded rows and channels on their devices; the shared mechanics in _partitionin
 from __future__ import annotations
 
 import functools
+from typing import Literal, get_args
 
 import numpy as np
 import jax
@@ -27,8 +28,10 @@ from jax.interpreters import ad, batching, mlir
 from . import _ffi, _partitioning
 from ._checks import state_dtype
 
-ALGORITHMS = ("auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
-              "lookback_regs", "hillis_steele")
+# The CUDA kernels linear_scan(..., algorithm=...) can pick; the Literal is the one list.
+Algorithm = Literal["auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
+                    "lookback_regs", "hillis_steele"]
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 
 linear_scan_p = Primitive("jax_selscan_linear_scan")
 linear_scan_p.multiple_results = True

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+from jax import Array, lax
 
-from .selective_scan import _validate
+from ._checks import ArrayInput
+from .selective_scan import LastState, _validate
+from .selective_scan_primitives import Direction
 
 
 def _combine(earlier, later):
@@ -30,8 +32,11 @@ def _bc(x, dim, dtype):
     return jnp.repeat(x, dim // groups, axis=1)       # (batch, D, L, N)
 
 
-def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                       return_last_state=False, h0=None, direction="forward"):
+def selective_scan_ref(u: ArrayInput, delta: ArrayInput, A: ArrayInput, B: ArrayInput, C: ArrayInput,
+                       D: ArrayInput | None = None, z: ArrayInput | None = None,
+                       delta_bias: ArrayInput | None = None, delta_softplus: bool = False,
+                       return_last_state: bool = False, h0: ArrayInput | None = None,
+                       direction: Direction = "forward") -> Array | tuple[Array, LastState]:
     """Reference for :func:`jax_selscan.selective_scan.selective_scan` (same signature,
     semantics, dtypes and errors)."""
     args = _validate(u, delta, A, B, C, D, z, delta_bias, delta_softplus,

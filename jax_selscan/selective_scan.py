@@ -20,17 +20,20 @@ backward kernels on GPU and CPU (cpu_arm/selective_scan_bwd.h) and into the VJP 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import Literal, NamedTuple, Optional, Union, overload
 
 import numpy as np
 import jax
 import jax.numpy as jnp
+from jax import Array
 
-from ._checks import check_array, check_bool, state_dtype
+from ._checks import ArrayInput, check_array, check_bool, state_dtype
 from . import selective_scan_primitives as primitives
 from .linear_scan import linear_scan
 
-DIRECTIONS = ("forward", "reverse", "bidirectional")
+DIRECTIONS = primitives.SS_DIRECTIONS
+# The last state: (batch, D, N), or (forward_last, reverse_last) for "bidirectional".
+LastState = Union[Array, tuple[Array, Array]]
 
 # Real floating dtypes accepted by selective_scan / selective_state_update.
 _REAL = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.bfloat16, jnp.float16))
@@ -61,7 +64,7 @@ class ScanArgs(NamedTuple):
 
 # --- argument checks ------------------------------------------------------------------
 
-def _check_real(name, x):
+def _check_real(name: str, x) -> ArrayInput:
     """x as a jax array with a supported real floating dtype; TypeError naming it otherwise."""
     check_array(name, x)
     dtype = np.dtype(x.dtype)
@@ -290,8 +293,25 @@ def _compute(args: ScanArgs):
                         args.return_last_state, args.direction)
 
 
-def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                   return_last_state=False, h0=None, direction="forward"):
+@overload
+def selective_scan(u: ArrayInput, delta: ArrayInput, A: ArrayInput, B: ArrayInput, C: ArrayInput,
+                   D: ArrayInput | None = None, z: ArrayInput | None = None,
+                   delta_bias: ArrayInput | None = None, delta_softplus: bool = False,
+                   return_last_state: Literal[False] = False, h0: ArrayInput | None = None,
+                   direction: primitives.Direction = "forward") -> Array: ...
+@overload
+def selective_scan(u: ArrayInput, delta: ArrayInput, A: ArrayInput, B: ArrayInput, C: ArrayInput,
+                   D: ArrayInput | None = None, z: ArrayInput | None = None,
+                   delta_bias: ArrayInput | None = None, delta_softplus: bool = False, *,
+                   return_last_state: Literal[True], h0: ArrayInput | None = None,
+                   direction: primitives.Direction = "forward") -> tuple[Array, LastState]: ...
+
+
+def selective_scan(u: ArrayInput, delta: ArrayInput, A: ArrayInput, B: ArrayInput, C: ArrayInput,
+                   D: ArrayInput | None = None, z: ArrayInput | None = None,
+                   delta_bias: ArrayInput | None = None, delta_softplus: bool = False,
+                   return_last_state: bool = False, h0: ArrayInput | None = None,
+                   direction: primitives.Direction = "forward") -> Array | tuple[Array, LastState]:
     """Mamba's selective scan, with mamba_ssm's ``selective_scan_fn`` semantics.
 
     Args:
@@ -329,7 +349,10 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 
 # --- one decoding step -----------------------------------------------------------------
 
-def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+def selective_state_update(state: ArrayInput, x: ArrayInput, dt: ArrayInput, A: ArrayInput, B: ArrayInput,
+                           C: ArrayInput, D: ArrayInput | None = None, z: ArrayInput | None = None,
+                           dt_bias: ArrayInput | None = None, dt_softplus: bool = False
+                           ) -> tuple[Array, Array]:
     """One decoding step of the selective scan (mamba_ssm's ``selective_state_update``).
 
     Args:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+from typing import Literal, get_args
 
 import numpy as np
 import jax
@@ -65,7 +66,9 @@ def _ss_module():
 # the pure-JAX formulation (selective_scan._compute_jax). Differentiation is not defined
 # on the primitive: selective_scan wraps it in a jax.custom_jvp (see selective_scan.py).
 
-SS_DIRECTIONS = ("forward", "reverse", "bidirectional")
+# The kernels take a direction by its index in SS_DIRECTIONS: keep the order.
+Direction = Literal["forward", "reverse", "bidirectional"]
+SS_DIRECTIONS: tuple[str, ...] = get_args(Direction)
 _SS_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
 
 selective_scan_p = Primitive("jax_selscan_selective_scan")
@@ -663,9 +666,9 @@ def _kernel_prim(name, abstract_eval, rules):
     return p
 
 
-_fwd_rules = {None: _ss_fallback_rule, **({"cpu": _ss_cpu_rule} if _ffi.HAS_CPU else {}),
+_fwd_rules: dict = {None: _ss_fallback_rule, **({"cpu": _ss_cpu_rule} if _ffi.HAS_CPU else {}),
               **({"cuda": _ss_cuda_rule} if _ffi.HAS_CUDA else {})}
-_bwd_rules = {None: _ss_bwd_fallback_rule, **({"cpu": _ss_bwd_cpu_rule} if _ffi.HAS_CPU else {}),
+_bwd_rules: dict = {None: _ss_bwd_fallback_rule, **({"cpu": _ss_bwd_cpu_rule} if _ffi.HAS_CPU else {}),
               **({"cuda": _ss_bwd_cuda_rule} if _ffi.HAS_CUDA else {})}
 selective_scan_kernel_p = _kernel_prim("jax_selscan_selective_scan_kernel", _ss_abstract_eval, _fwd_rules)
 selective_scan_bwd_kernel_p = _kernel_prim("jax_selscan_selective_scan_bwd_kernel", _ss_bwd_abstract_eval,

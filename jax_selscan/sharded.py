@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+from jax import Array, lax
 from jax.sharding import Mesh, PartitionSpec
 
-from ._checks import state_dtype
+from ._checks import ArrayInput, state_dtype
 from ._partitioning import axis_size
+from . import primitives
 from .linear_scan import linear_scan, prepare
-from .selective_scan import _validate, selective_scan
+from .selective_scan import LastState, _validate, selective_scan
+from .selective_scan_primitives import Direction
 
 __all__ = ["sharded_linear_scan", "sharded_selective_scan"]
 
@@ -107,8 +109,9 @@ def split_scan(a, b, h0, *, seq, axis, reverse, return_a_prod, algorithm):
     return h.astype(dtype), (p * jnp.expand_dims(carry_a, axis)).astype(dtype)
 
 
-def sharded_linear_scan(a, b, *, mesh, spec, axis=0, reverse=False, h0=None, return_a_prod=False,
-                        algorithm="auto"):
+def sharded_linear_scan(a: ArrayInput, b: ArrayInput, *, mesh: Mesh, spec: PartitionSpec, axis: int = 0,
+                        reverse: bool = False, h0: ArrayInput | None = None, return_a_prod: bool = False,
+                        algorithm: primitives.Algorithm = "auto") -> Array | tuple[Array, Array]:
     """linear_scan over arrays laid out on `mesh` by the PartitionSpec `spec`.
 
     `spec` gives a and b's (and the result's) sharding; its entry for `axis` may name one mesh
@@ -148,8 +151,12 @@ def sharded_linear_scan(a, b, *, mesh, spec, axis=0, reverse=False, h0=None, ret
     return tuple(outs) if return_a_prod else outs[0]
 
 
-def sharded_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                           return_last_state=False, h0=None, direction="forward", *, mesh, spec):
+def sharded_selective_scan(u: ArrayInput, delta: ArrayInput, A: ArrayInput, B: ArrayInput, C: ArrayInput,
+                           D: ArrayInput | None = None, z: ArrayInput | None = None,
+                           delta_bias: ArrayInput | None = None, delta_softplus: bool = False,
+                           return_last_state: bool = False, h0: ArrayInput | None = None,
+                           direction: Direction = "forward", *, mesh: Mesh, spec: PartitionSpec
+                           ) -> Array | tuple[Array, LastState]:
     """selective_scan over arrays laid out on `mesh`: `spec` is the PartitionSpec of u, delta, z
     and the output, (batch, D, L). Its L entry may name one mesh axis, which then splits the
     sequence into one contiguous chunk per device; its D entry may shard the channels (grouped
