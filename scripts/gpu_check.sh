@@ -155,7 +155,7 @@ fi
 [[ -n "${CUB_PID:-}" ]] && { wait $CUB_PID || echo "cub build failed"; }
 has build && { (cd /tmp && $PY -c "import jax_selscan as j; print('has_cuda_kernels', j.has_cuda_kernels)") || status=1; }
 has bench && TAIL=40 step bench 540 $PY -P benchmarks/gpu_linear_scan.py --out "$OUT" --cub "$BIN/cub_affine_scan" ${BENCH_ARGS:-}
-has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors.py 2>/dev/null) -p no:cacheprovider ${PYTEST_ARGS:-}
+has pytest && TAIL=25 step pytest 420 $PY -P -m pytest -q -x tests/test_cuda_linear_scan.py $(ls tests/test_scan_mirrors*.py 2>/dev/null) -p no:cacheprovider ${PYTEST_ARGS:-}
 # ss_ncu_ab: the forward (SS_AB_KERNELS, default fwd_staged) under Nsight Compute, the A/B of
 # PERFORMANCE_SELECTIVE_SCAN_CUDA 8 and 10: for each wheel of SS_AB_WHEELS ("old.whl new.whl",
 # carried) in turn, installed, then ncu over cuda/tools/ss_profile.py per dtype of SS_AB_DTYPES
