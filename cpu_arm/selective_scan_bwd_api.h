@@ -56,10 +56,12 @@ struct SsBwdParams {
 //      the carry gin[k-1] = gend[k] + qtot[k] gin[k] (gin[0]'s carry out is dh0);
 //   3. the adjoint in full over [gwin, piece end) from `gin`.
 // Dropping P (Q) once <= 2^-30 drops a term below float32 resolution of the entering
-// state (adjoint). Phases 2 and 3 write their own pA / pD / pbias (and invariant pB / pC)
-// partials; varying pB / pC is the task's [length][dstate] (accumulate = 1; the pieces
-// write disjoint rows, stored by the first direction, added by the second); bidirectional sums live in `sums` (3 x [length]
-// [lanes], the task's); dh0 is left to the driver.
+// state (adjoint); where an entering state or adjoint is NaN or infinite the driver computes
+// the task again unsplit instead, so that NaN and Inf reach the gradients as in one pass.
+// Phases 2 and 3 write their own pA / pD / pbias (and invariant pB / pC) partials; varying
+// pB / pC is the task's [length][dstate] (accumulate = 1; the pieces write disjoint rows,
+// stored by the first direction, added by the second); bidirectional sums live in `sums`
+// (3 x [length][lanes], the task's); dh0 is left to the driver.
 struct SsBwdTask {
   int64_t b, d0, nch;
   float* work;

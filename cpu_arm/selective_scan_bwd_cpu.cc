@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -32,6 +33,9 @@ void zero(float* p, int64_t n) {
 // Fills the same per-task partials as the unsplit path (varying pB / pC: one [L][N] per
 // task), adding the pieces' partials in a fixed order, and writes dh0. The partition
 // depends only on the thread count: bit-reproducible for a given count.
+// A task whose state or adjoint entering some piece is NaN or infinite is computed again
+// unsplit (in the same partials): the split drops an entering term once dA's product is
+// below 2^-30, which would leave finite gradients where one sequential pass has NaN / Inf.
 template <class TaskAt>
 void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor, int64_t tasks,
                int64_t pieces, const TaskAt& task_at, float* pA, float* pB, float* pC, float* pD,
@@ -50,6 +54,7 @@ void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor
   std::vector<float> hin(kp * NW), hend(kp * NW), ptot(kp * NW), gin(kp * NW), gend(kp * NW), qtot(kp * NW);
   std::vector<float> gh0(tasks * NW, 0.0f);
   std::vector<int64_t> hwin(kp), gwin(kp);
+  std::vector<char> redo(tasks, 0);  // a NaN / Inf entered some piece: the task again, unsplit
   // Partials of every (task, piece, direction, phase 2 / 3), added up in that order below.
   const int64_t slots = kp * ndirs * 2;
   std::vector<float> sA(slots * NW), sB(p.b_var ? 0 : slots * NW), sC(p.c_var ? 0 : slots * NW),
@@ -90,7 +95,9 @@ void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor
       for (int64_t k = task * pieces; k < (task + 1) * pieces; ++k)
         for (int64_t i = 0; i < NW; ++i) {
           hin[k * NW + i] = X[i];
-          X[i] = hend[k * NW + i] + ptot[k * NW + i] * X[i];  // piece 0: ptot = 0
+          // piece 0: ptot = 0. A NaN or +-Inf state stays so (every dA > 0): such a task is
+          // redone unsplit below.
+          X[i] = std::isfinite(X[i]) ? hend[k * NW + i] + ptot[k * NW + i] * X[i] : X[i] + hend[k * NW + i];
         }
     }
     executor.parallel_for(kp, [&](int64_t i) { run_item(i / pieces, i % pieces, 2); });
@@ -99,13 +106,18 @@ void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor
       for (int64_t k = (task + 1) * pieces - 1; k >= task * pieces; --k)
         for (int64_t i = 0; i < NW; ++i) {
           gin[k * NW + i] = X[i];
-          X[i] = gend[k * NW + i] + qtot[k * NW + i] * X[i];  // last piece: qtot = 0
+          X[i] = std::isfinite(X[i]) ? gend[k * NW + i] + qtot[k * NW + i] * X[i]  // last piece: qtot = 0
+                                     : X[i] + gend[k * NW + i];
         }
+      const int64_t span = pieces * NW;
+      if (!ss_all_finite(hin.data() + task * span, span) || !ss_all_finite(gin.data() + task * span, span))
+        redo[task] = 1;
       for (int64_t i = 0; i < NW; ++i) gh0[task * NW + i] += X[i];
     }
     executor.parallel_for(tasks * (pieces - 1), [&](int64_t i) { run_item(i / (pieces - 1), i % (pieces - 1), 3); });
   }
   for (int64_t task = 0; task < tasks; ++task) {
+    if (redo[task]) continue;
     float* a = pA + task * NW;
     float* d = pD + task * lanes;
     float* bs = pbias + task * lanes;
@@ -132,6 +144,24 @@ void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor
         for (int64_t n = 0; n < N; ++n) q.dh0[(t.b * p.dim + t.d0 + r) * N + n] = gh0[task * NW + n * lanes + r];
     }
   }
+  std::vector<int64_t> again;
+  for (int64_t task = 0; task < tasks; ++task)
+    if (redo[task]) again.push_back(task);
+  if (again.empty()) return;
+  const int64_t whole_floats = ss_bwd_work_floats(lanes, N, L, false, bidi);
+  executor.parallel_for(static_cast<int64_t>(again.size()), [&](int64_t i) {
+    const int64_t task = again[i];
+    FloatBuffer work = alloc_floats(whole_floats);
+    SsBwdTask t{};
+    task_at(task, t);  // split = 0: one sequential pass per direction, dh0 written by the kernel
+    t.work = work.get();
+    t.pA = pA + task * NW;
+    if (!t.direct_b) t.pB = p.b_var ? pB + task * L * N : pB + task * NW;
+    if (!t.direct_c) t.pC = p.c_var ? pC + task * L * N : pC + task * NW;
+    t.pD = pD + task * lanes;
+    t.pbias = pbias + task * lanes;
+    table.run(q, t);
+  });
 }
 }  // namespace
 

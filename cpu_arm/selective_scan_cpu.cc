@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <vector>
@@ -181,7 +182,9 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
         const int64_t o = (task * pieces + k) * per;
         for (int64_t i = 0; i < m; ++i) {
           hin[o + i] = X[i];
-          X[i] = hend[o + i] + ptot[o + i] * X[i];  // piece 0: ptot = 0, hend from h0
+          // piece 0: ptot = 0, hend from h0. A NaN or +-Inf state stays so (every dA > 0),
+          // even where ptot was dropped to 0 (phase 3 reruns such a piece whole).
+          X[i] = std::isfinite(X[i]) ? hend[o + i] + ptot[o + i] * X[i] : X[i] + hend[o + i];
         }
       }
       if (last != nullptr)

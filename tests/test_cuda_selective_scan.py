@@ -254,6 +254,34 @@ def test_forward_l_split(case, direction, chunks, sub, monkeypatch):
             assert rel_err(got_g[k], want_g[k]) < GRAD_TOL[dtype], (saved, k, rel_err(got_g[k], want_g[k]))
 
 
+@pytest.mark.parametrize("chunks", [None, 3])
+@pytest.mark.parametrize("source", ["u", "delta", "z"])
+def test_nan_propagates_like_the_loop(source, chunks, monkeypatch):
+    """One NaN in u (reaches the states), delta (states and adjoints) or z (adjoints), whole
+    or with the L split forced: the outputs NaN exactly where the float64 loop's are and the
+    gradients where the reference's are, close to them elsewhere (every direction)."""
+    x = make_inputs(rng_for("nan", source), 2, 64, 300, 16, groups=1)
+    x[source] = x[source].at[1, 7, 200].set(jnp.nan)
+    if chunks:
+        monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CHUNKS", str(chunks))
+        monkeypatch.setenv("JAX_SELSCAN_SS_BWD_CHUNKS", str(chunks))
+    cot = jnp.asarray(rng_for("nan-cot").standard_normal(x["u"].shape), jnp.float64)
+    for direction in DIRECTIONS:
+        kw = dict(delta_softplus=True, direction=direction)
+        got = np.asarray(jax.jit(lambda x: selective_scan(**x, **kw))(x), np.float64)
+        want = ref_np(x, **kw)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=direction)
+        ok = ~np.isnan(want)
+        assert rel_err(got[ok], want[ok]) < FWD_TOL[F32], direction
+        got_g = jax.jit(lambda x: _grads(selective_scan, x, kw, cot.astype(F32)))(x)
+        want_g = _grads(selective_scan_ref, to64(x), kw, cot)
+        for k in got_g:
+            g, w = np.asarray(got_g[k], np.float64), np.asarray(want_g[k])
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"{direction} d{k}")
+            ok = ~np.isnan(w)
+            assert not ok.any() or rel_err(g[ok], w[ok]) < GRAD_TOL[F32], (direction, k)
+
+
 def test_mixed_dtypes_use_kernel():
     x = make_inputs(rng_for("mixed"), 2, 8, 40, 16, dtype=BF16)
     x["delta"] = x["delta"].astype(F32)  # mixed activations: computed in float32

@@ -239,15 +239,22 @@ def test_along_l_backward_for_few_channels(monkeypatch, direction):
 
 
 @pytest.mark.parametrize("kw", [dict(batch=1, dim=3, dstate=4, length=40, groups=1),
-                                dict(batch=1, dim=2, dstate=3, length=1100, groups=2)],
-                         ids=["channel_path", "along_l"])
+                                dict(batch=1, dim=8, dstate=16, length=1001, groups=1),
+                                dict(batch=1, dim=2, dstate=3, length=1100, groups=2),
+                                dict(batch=1, dim=1, dstate=16, length=4400, groups=1)],
+                         ids=["channel_path", "channel_path_split", "along_l", "along_l_split"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
-def test_nan_in_u_propagates_to_the_gradients_like_reference(direction, kw):
-    # One NaN in u: every gradient NaN exactly where the float64 reference's is, and equal to
-    # it elsewhere (both CPU backward paths).
+@pytest.mark.parametrize("source", ["u", "delta", "z"])
+def test_nan_propagates_to_the_gradients_like_reference(monkeypatch, source, direction, kw):
+    # One NaN in u (reaches the states), delta (states and adjoints) or z (adjoints): every
+    # gradient NaN exactly where the float64 reference's is, and equal to it elsewhere (both
+    # CPU backward paths). The *_split cases are one task of >= 2^16 (b D L N) with pieces of
+    # >= 64 steps allowed: on >= 2 threads the forward and the backward split L, whose 2^-30
+    # cut-off of an entering state or adjoint must not drop a NaN.
     x, dtypes = make(400 + DIRECTIONS.index(direction), b_kind="grouped", c_kind="variable", **kw)
-    x["u"][0, 1, kw["length"] // 3] = np.nan
+    x[source][0, kw["dim"] // 2, kw["length"] // 3 if source == "u" else 2 * kw["length"] // 3] = np.nan
     dout, dlast = cotangents(401, x, direction, True, dtypes["u"])
+    monkeypatch.setenv("JAX_SELSCAN_SS_PIECE_STEPS", "64")
     got, _ = grads(selective_scan, x, dtypes, dout, dlast, direction, True, None)
     want, _ = grads(selective_scan_ref, x, dtypes, dout, dlast, direction, True, np.float64)
     assert any(np.isnan(np.asarray(w)).any() for w in want.values())

@@ -112,6 +112,38 @@ def test_long_sequence(dim):
     assert rel_err(last[0], want_last[0]) < 5e-5 and rel_err(last[1], want_last[1]) < 5e-5
 
 
+@pytest.mark.parametrize("dim,length", [(1, 9000), (8, 3000)], ids=["along_l", "channel_tile"])
+@pytest.mark.parametrize("special", [np.nan, np.inf], ids=["nan", "inf"])
+def test_nan_and_inf_cross_the_l_split(monkeypatch, dim, length, special):
+    """One NaN or +Inf in u early in a long sequence, L split into pieces (forced short by
+    JAX_SELSCAN_SS_PIECE_STEPS; on >= 2 threads). The split drops an entering state's term once
+    dA's product falls below 2^-30, which must not turn a NaN or infinite state finite: the
+    outputs and last states are NaN / +-Inf exactly where the float64 loop's are, and close
+    to it elsewhere (one task of >= 2^16 (b D L N): dim 1 takes the along-L path, dim 8 a
+    channel tile; every direction). On the along-L path an infinite state may turn NaN where the loop
+    keeps +-Inf (its segments combine products of dA, as linear_scan's chunked path does). (Its finite outputs keep the unsplit bits: the dropped term is
+    below float32 resolution. Before the fix the NaN / Inf stopped at the first piece.)"""
+    x = inputs(7, batch=1, dim=dim, dstate=8, length=length, groups=1)
+    x["u"] = x["u"].at[0, dim // 2, 200].set(special).at[0, dim // 2, length - 200].set(special)
+    monkeypatch.setenv("JAX_SELSCAN_SS_PIECE_STEPS", "256")
+    for direction in ("forward", "reverse", "bidirectional"):
+        out, last = run(x, direction=direction, return_last_state=True)
+        want, want_last = selective_scan_np(**np64(x), delta_softplus=True, direction=direction)
+        lasts = zip(last, want_last) if direction == "bidirectional" else [(last, want_last)]
+        for got, ref in [(out, want)] + list(lasts):
+            got, ref = np.asarray(got, np.float64), np.asarray(ref)
+            assert not np.isfinite(ref).all(), direction
+            fin = np.isfinite(ref)
+            np.testing.assert_array_equal(np.isfinite(got), fin, err_msg=direction)
+            assert np.isnan(got[np.isnan(ref)]).all(), direction
+            if dim == 1:  # along L, +-Inf meets products of dA that underflowed: NaN (0 * inf)
+                inf = np.isinf(got)  # where it stays infinite, it has the loop's sign
+                np.testing.assert_array_equal(got[inf], ref[inf], err_msg=direction)
+            else:  # time runs in order in each lane: exactly the loop's NaN and +-Inf
+                np.testing.assert_array_equal(got[~fin], ref[~fin], err_msg=direction)
+            assert not fin.any() or rel_err(got[fin], ref[fin]) < 5e-5, direction
+
+
 def test_multithreaded_shape_matches_reference():
     # 4 x 96 channels = many tasks over the intra-op pool, N = 16 (state in registers).
     x = inputs(4, batch=4, dim=96, dstate=16, length=130, groups=1)
