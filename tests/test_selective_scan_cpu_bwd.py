@@ -228,14 +228,16 @@ def test_along_l_backward_for_few_channels(monkeypatch, direction):
     # Groups of one channel and a long L take the backward's along-L path (time in the lanes,
     # cpu_arm/selective_scan_bwd_narrow.h) at every ISA's lane count: grouped B (each group's
     # dB written directly by its one task), variable C (summed over the channels through the
-    # [L][N] partial), N = 16, L = 1100 (a scalar tail unit); unsplit, then with L split into
-    # pieces across threads.
+    # [L][N] partial), N = 16, L = 1100 (a scalar tail unit); then one channel (one task) of
+    # L = 4400 with L split into pieces across threads (>= 2^16 (b D L N) and fewer tasks
+    # than threads: on >= 2 threads; the two-channel call above is two tasks, and too small
+    # to be threaded).
     kw = dict(batch=1, dim=2, dstate=16, length=1100, groups=2, b_kind="grouped",
               c_kind="variable")
     check(300 + DIRECTIONS.index(direction), direction, **kw)
     with monkeypatch.context() as m:
         m.setenv("JAX_SELSCAN_SS_PIECE_STEPS", "64")
-        check(310 + DIRECTIONS.index(direction), direction, **kw)
+        check(310 + DIRECTIONS.index(direction), direction, **dict(kw, dim=1, groups=1, length=4400))
 
 
 @pytest.mark.parametrize("kw", [dict(batch=1, dim=3, dstate=4, length=40, groups=1),
