@@ -22,7 +22,8 @@ def affine_combine(earlier, later):
     return a2 * a1, a2 * b1 + b2
 
 
-def prepare(a, b, *, axis, reverse, h0, return_a_prod, algorithm) -> tuple[Array, Array, Array, int, bool, bool]:
+def prepare(a, b, *, axis, reverse, h0, return_a_prod,
+            algorithm) -> tuple[Array, Array, Array, int, bool, bool]:
     """linear_scan's arguments checked (errors name the argument) and normalised: a, b and h0
     as arrays of the promoted dtype, a and b broadcast, h0 defaulted to zeros, axis >= 0.
     Returns (a, b, h0, axis, reverse, return_a_prod)."""

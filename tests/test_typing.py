@@ -25,4 +25,5 @@ def test_literals_are_the_runtime_lists():
     assert typing.get_args(selective_scan_primitives.Direction) == jax_selscan.DIRECTIONS
     hints = typing.get_type_hints(jax_selscan.linear_scan)
     assert hints["algorithm"] is primitives.Algorithm
-    assert typing.get_type_hints(jax_selscan.selective_scan)["direction"] is selective_scan_primitives.Direction
+    direction = typing.get_type_hints(jax_selscan.selective_scan)["direction"]
+    assert direction is selective_scan_primitives.Direction
