@@ -277,7 +277,7 @@ void run_piece(const Ctx& c, const SsTask& t) {
   } else {
     for (int64_t n = 0; n < N; ++n)
       for (int r = 0; r < W; ++r) c.hs[n * W + r] = r < c.nch ? t.hin[r * N + n] : 0.0f;
-    pass<NS, BVAR, CVAR, 0>(c, reverse, to_yr, add_yr, u0, ss_all_finite(t.hin, c.nch * N) ? *t.window : u1);
+    pass<NS, BVAR, CVAR, 0>(c, reverse, to_yr, add_yr, u0, *t.window);
   }
 }
 

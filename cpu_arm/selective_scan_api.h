@@ -4,7 +4,6 @@
 // built with different -m flags.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
 namespace jax_selscan {
@@ -75,8 +74,8 @@ inline int64_t ss_ckpt_row(int64_t lanes, int64_t dstate, int64_t length, SsDire
 // happened (the piece's end when it never did). Phase 3 (pieces >= 1) reruns units
 // [piece start, *window) from the true entering state `hin` ([nch][dstate]); every
 // later output is then exact up to the dropped term, <= 2^-30 |hin| in the state
-// (below float32 resolution of hin). A NaN or +-Inf in `hin` is not dropped: such a
-// piece reruns whole (ss_all_finite), so that it propagates as in one sequential scan.
+// (below float32 resolution of hin). A NaN or +-Inf in `hin` is not dropped: the driver
+// sets such a piece's window to its end, so it reruns whole, as in one sequential scan.
 // With bidirectional calls the reverse half writes its y (before D and the gate) to `yr` (float, [L][lanes],
 // or [L] on the along-L path) and the forward half adds it.
 struct SsTask {
@@ -93,14 +92,6 @@ struct SsTask {
   int64_t* window;
   float* yr;
 };
-
-// Whether n floats of an entering state are all finite. Phase 3 reruns a piece whole where they
-// are not: the 2^-30 cut-off would turn a NaN or infinite entering state into finite outputs.
-inline bool ss_all_finite(const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) return false;
-  return true;
-}
 
 // The along-L ("narrow") path: a task of at most lanes / 4 channels on a long
 // sequence runs each channel with the time axis in the lanes (lanes segments of

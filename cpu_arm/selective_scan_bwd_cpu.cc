@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -95,9 +94,7 @@ void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor
       for (int64_t k = task * pieces; k < (task + 1) * pieces; ++k)
         for (int64_t i = 0; i < NW; ++i) {
           hin[k * NW + i] = X[i];
-          // piece 0: ptot = 0. A NaN or +-Inf state stays so (every dA > 0): such a task is
-          // redone unsplit below.
-          X[i] = std::isfinite(X[i]) ? hend[k * NW + i] + ptot[k * NW + i] * X[i] : X[i] + hend[k * NW + i];
+          X[i] = ss_carry(X[i], hend[k * NW + i], ptot[k * NW + i]);  // piece 0: ptot = 0
         }
     }
     executor.parallel_for(kp, [&](int64_t i) { run_item(i / pieces, i % pieces, 2); });
@@ -106,8 +103,7 @@ void run_split(const SsBwdParams& q, const SsBwdTable& table, Executor& executor
       for (int64_t k = (task + 1) * pieces - 1; k >= task * pieces; --k)
         for (int64_t i = 0; i < NW; ++i) {
           gin[k * NW + i] = X[i];
-          X[i] = std::isfinite(X[i]) ? gend[k * NW + i] + qtot[k * NW + i] * X[i]  // last piece: qtot = 0
-                                     : X[i] + gend[k * NW + i];
+          X[i] = ss_carry(X[i], gend[k * NW + i], qtot[k * NW + i]);  // last piece: qtot = 0
         }
       const int64_t span = pieces * NW;
       if (!ss_all_finite(hin.data() + task * span, span) || !ss_all_finite(gin.data() + task * span, span))

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <vector>
@@ -182,10 +181,11 @@ void selective_scan_cpu(const SsParams& p_in, const SsTable& table, Executor& ex
         const int64_t o = (task * pieces + k) * per;
         for (int64_t i = 0; i < m; ++i) {
           hin[o + i] = X[i];
-          // piece 0: ptot = 0, hend from h0. A NaN or +-Inf state stays so (every dA > 0),
-          // even where ptot was dropped to 0 (phase 3 reruns such a piece whole).
-          X[i] = std::isfinite(X[i]) ? hend[o + i] + ptot[o + i] * X[i] : X[i] + hend[o + i];
+          X[i] = ss_carry(X[i], hend[o + i], ptot[o + i]);  // piece 0: ptot = 0, hend from h0
         }
+        // A NaN or +-Inf entering state is not dropped: phase 3 reruns the whole piece.
+        if (k > 0 && !ss_all_finite(hin.data() + o, m))
+          window[task * pieces + k] = (k + 1) * ss_units(lanes, t.nch, N, p.length) / pieces;
       }
       if (last != nullptr)
         for (int64_t i = 0; i < m; ++i) last[(t.b * p.dim + t.d0) * N + i] = X[i];

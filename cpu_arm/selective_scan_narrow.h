@@ -420,7 +420,7 @@ inline void run_narrow(const SsParams& p, const SsTask& t) {
         window = r == 0 || w > window ? w : window;
       } else {
         for (int64_t n = 0; n < N; ++n) h[n] = t.hin[r * N + n];
-        seg_units(g, reverse, u0, ss_all_finite(h, N) ? *t.window : u1, h, nullptr);
+        seg_units(g, reverse, u0, *t.window, h, nullptr);
       }
     }
     if (t.phase == 1) *t.window = window;

@@ -3,6 +3,7 @@
 // scratch buffers. Baseline target only (not for the per-ISA kernel files).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
@@ -57,6 +58,20 @@ inline FloatBuffer alloc_floats(int64_t n) {
   float* p = static_cast<float*>(std::aligned_alloc(64, bytes > 0 ? bytes : 64));
   if (p == nullptr) throw std::bad_alloc();
   return FloatBuffer(p);
+}
+
+// L split, the carry between pieces: the state (adjoint) x entering a piece leaves it as
+// end + prod * x, prod being dA's product over the piece (0 once dropped below 2^-30). A NaN
+// or +-Inf x stays so instead (every dA > 0): the dropped 0 would otherwise make it finite.
+inline float ss_carry(float x, float end, float prod) {
+  return std::isfinite(x) ? end + prod * x : x + end;
+}
+
+// Whether n floats are all finite (an entering state or adjoint the split may not drop).
+inline bool ss_all_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
 }
 
 // The fields every L-split piece sets, forward (SsTask) and backward (SsBwdTask) alike.
