@@ -13,6 +13,12 @@ read on every call). In it:
     split over k numpy threads (numpy drops the GIL), preallocated output: the
     bandwidth B_k (bytes read + written / time) those k cores reach; the kernel's
     bound is then bytes_kernel / B_k, bytes_kernel = u, delta, z, B, C read + out written.
+  * with --copies: the machine's own ceiling for k threads. k single-thread processes, one
+    pinned to each of the k CPUs, each run the forward on its 1/k share of the channels
+    (D / k) at the same time (a file barrier starts their timed calls together). No work is
+    shared, so whatever slows them against one such process alone (the all-core clock, the
+    shared L3 and memory, a neighbour on the host) bounds every k-thread partition of the
+    same work: ceiling speed-up = k * t(share, alone) / t(share, k at once).
 Prints and writes (JSON + Markdown): time, speedup vs 1 thread, GB/s, fraction of the
 bandwidth bound (1.0 = at the memory ceiling), with date, machine and commit.
 Shapes: (2, 2048, 8192, 16) and (1, 1536, 2048, 16) (--quick: smaller, fewer repeats).
@@ -28,6 +34,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,8 +43,10 @@ SHAPES = [(2, 2048, 8192, 16), (1, 1536, 2048, 16)]
 QUICK_SHAPES = [(1, 512, 2048, 16), (1, 256, 1024, 16)]
 
 
-def child(k, shapes, repeats):
-    """One thread count: returns a list of per-shape dicts (runs in its own process)."""
+def child(k, shapes, repeats, share=1, barrier=None):
+    """One thread count: returns a list of per-shape dicts (runs in its own process).
+    share > 1: run D / share channels only; with a barrier (folder, this copy's index, copies)
+    wait there until all copies are ready before the timed calls of each shape."""
     import concurrent.futures as cf
 
     import numpy as np
@@ -69,9 +78,16 @@ def child(k, shapes, repeats):
                 ts.append(time.perf_counter() - t)
         return 12 * n / statistics.median(ts)
 
+    def wait_for_all(tag):
+        folder, index, copies = barrier
+        open(os.path.join(folder, f"{tag}.{index}"), "w").close()
+        while sum(name.startswith(tag + ".") for name in os.listdir(folder)) < copies:
+            time.sleep(0.001)
+
     rows = []
-    for shape in shapes:
+    for si, shape in enumerate(shapes):
         batch, dim, length, n = shape
+        dim //= share
         rng = np.random.default_rng(0)
 
         def f(*s, scale=1.0, shift=0.0):
@@ -85,12 +101,19 @@ def child(k, shapes, repeats):
                  D=f(dim), z=f(batch, dim, length), delta_bias=f(dim, scale=0.1, shift=0.1))
         fn = jax.jit(lambda x: selective_scan(**x, delta_softplus=True, direction="forward"))
         jax.block_until_ready(fn(x))
+        if barrier:
+            wait_for_all(f"shape{si}")
         ts = []
         for _ in range(repeats):
             t = time.perf_counter()
             jax.block_until_ready(fn(x))
             ts.append(time.perf_counter() - t)
         t_kernel = statistics.median(ts)
+        if share > 1:
+            rows.append(dict(shape=dict(batch=batch, D=dim * share, L=length, N=n), share=share,
+                             copies=barrier[2] if barrier else 1, share_ms=t_kernel * 1e3, share_runs_ms=[t * 1e3 for t in ts]))
+            del x
+            continue
         nbytes = 4 * (4 * batch * dim * length + 2 * batch * n * length)
         bw = bandwidth(4 * batch * dim * length * 3)
         rows.append(dict(shape=dict(batch=batch, D=dim, L=length, N=n), threads=k,
@@ -113,6 +136,20 @@ def lscpu_model():
     return platform.processor() or "unknown CPU"
 
 
+def add_ceilings(rows, ceilings):
+    """Each --copies entry gets its balanced time, ceiling and the kernel's share of it."""
+    for c in ceilings:
+        r = [q for q in rows if q["shape"] == c["shape"] and q["threads"] == c["threads"]][0]
+        one = [q for q in rows if q["shape"] == c["shape"] and q["threads"] == 1]
+        # The copies' CPUs are not equally fast on a shared host, and a split that hands out work
+        # dynamically (the kernel's) lets the fast ones do more: k shares finish together after
+        # k / sum(1 / t_i), the time of a free, perfectly balanced k-thread split.
+        c["balanced_ms"] = c["threads"] / sum(1.0 / t for t in c["share_together_all_ms"])
+        c["ceiling_speedup"] = one[0]["kernel_ms"] / c["balanced_ms"] if one else float("nan")
+        c["kernel_ms"], c["kernel_speedup"] = r["kernel_ms"], r["speedup_vs_1"]
+        c["of_ceiling"] = c["balanced_ms"] / r["kernel_ms"]
+
+
 def markdown(res):
     m = res["meta"]
     out = ["# CPU selective_scan thread scaling (forward, float32)\n",
@@ -129,6 +166,24 @@ def markdown(res):
                    f"{r['bound_ms']:.1f} | {r['fraction_of_bound']:.2f} |")
     out.append("\n`of bound` = (kernel bytes / elementwise bandwidth at that thread count) / kernel time: "
                "1.0 means the kernel moves its bytes as fast as a plain elementwise pass on those cores.")
+    if res.get("ceilings"):
+        out += ["\n## The machine's ceiling: k independent single-thread copies (--copies)\n",
+                "Each copy runs the forward on D / k channels, one copy pinned to each of the k CPUs, "
+                "all at once; `alone` is one such copy with the machine otherwise idle. contention = "
+                "at once (median copy) / alone: how much the k busy cores slow each other with no work "
+                "shared. balanced = k / Σ 1/t_i over the copies' times t_i: when the whole of D would be "
+                "done if the k CPUs, at the speeds they showed, shared it perfectly and for free. "
+                "ceiling = t(1 thread, all of D) / balanced. kernel / ceiling = balanced / t(k threads): "
+                "independent of the 1-thread time, the noisiest figure on a shared host.\n",
+                "| batch, D, L, N | k | 1/k alone ms | k at once ms (median / slowest) | contention | "
+                "balanced ms | ceiling | kernel ms | kernel speed-up | kernel / ceiling |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for c in res["ceilings"]:
+            s = c["shape"]
+            out.append(f"| {s['batch']}, {s['D']}, {s['L']}, {s['N']} | {c['threads']} | {c['share_alone_ms']:.2f} | "
+                       f"{c['share_together_ms']:.2f} / {c['share_together_max_ms']:.2f} | "
+                       f"{c['contention']:.2f}x | {c['balanced_ms']:.2f} | {c['ceiling_speedup']:.2f}x | "
+                       f"{c['kernel_ms']:.2f} | {c['kernel_speedup']:.2f}x | {c['of_ceiling']:.2f} |")
     return "\n".join(out) + "\n"
 
 
@@ -141,12 +196,21 @@ def main():
                     help="the order in which CPUs are taken (k threads pin to the first k), e.g. "
                          "0,8,1,9,... to put two threads on different cores where 0-1 are SMT siblings; "
                          "default: the affinity mask, ascending")
+    ap.add_argument("--copies", action="store_true",
+                    help="also measure the machine's ceiling for each k > 1: k independent single-thread "
+                         "processes on 1/k of the channels each, at once, against one such process alone")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--barrier", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     shapes = QUICK_SHAPES if args.quick else SHAPES
     repeats = 3 if args.quick else 5
     if args.child:
-        print(json.dumps(child(args.child, shapes, repeats)))
+        barrier = None
+        if args.barrier:
+            folder, index, copies = args.barrier.rsplit(":", 2)
+            barrier = (folder, int(index), int(copies))
+        print(json.dumps(child(args.child, shapes, repeats, args.share, barrier)))
         return
     ncpu = os.cpu_count() or 1
     counts = sorted({min(int(t), ncpu) for t in args.threads.split(",") if t.strip()})
@@ -154,26 +218,50 @@ def main():
     if args.cpus:
         cpus = [int(c) for c in args.cpus.split(",") if c.strip()]
         counts = [k for k in counts if k <= len(cpus)]
-    rows = []
-    t_start = time.time()
-    for k in counts:
-        env = dict(os.environ, JAX_SELSCAN_CPU_THREADS=str(k))
+
+    def start(pin, threads, extra=()):
+        """A child process pinned to the CPUs `pin` with `threads` kernel threads."""
+        env = dict(os.environ, JAX_SELSCAN_CPU_THREADS=str(threads))
         # Pin before the interpreter imports jax: XLA sizes its intra-op pool by the affinity mask.
-        pre = f"import os; os.sched_setaffinity(0, {cpus[:k]!r}); " if hasattr(os, "sched_setaffinity") else ""
+        pre = f"import os; os.sched_setaffinity(0, {pin!r}); " if hasattr(os, "sched_setaffinity") else ""
         # sys.path[0] as when running this file (not the cwd: from the repo root the
         # source tree's jax_selscan, without the built extension, would shadow the installed one).
-        code = (pre + f"import sys, runpy; sys.path[0] = {HERE!r}; sys.argv = " + repr([__file__, "--child", str(k)] +
-                                                               (["--quick"] if args.quick else []))
+        argv = [__file__, "--child", str(threads)] + (["--quick"] if args.quick else []) + list(extra)
+        code = (pre + f"import sys, runpy; sys.path[0] = {HERE!r}; sys.argv = {argv!r}"
                 + "; runpy.run_path(" + repr(__file__) + ", run_name='__main__')")
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.exit(f"thread count {k} failed:\n{out.stderr[-3000:]}")
-        got = json.loads(out.stdout.strip().splitlines()[-1])
+        return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def result(proc, what):
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            sys.exit(f"{what} failed:\n{err[-3000:]}")
+        return json.loads(out.strip().splitlines()[-1])
+
+    rows, ceilings = [], []
+    t_start = time.time()
+    for k in counts:
+        got = result(start(cpus[:k], k), f"thread count {k}")
         for r in got:
             print(f"threads {k:2d}  {r['shape']}  kernel {r['kernel_ms']:.1f} ms  "
                   f"{r['kernel_GBps']:.1f} GB/s  elementwise {r['elementwise_GBps']:.1f} GB/s  "
                   f"of bound {r['fraction_of_bound']:.2f}", flush=True)
         rows += got
+        if args.copies and k > 1:
+            alone = result(start(cpus[:1], 1, ["--share", str(k)]), f"share 1/{k} alone")
+            with tempfile.TemporaryDirectory() as folder:
+                procs = [start(cpus[i:i + 1], 1, ["--share", str(k), "--barrier", f"{folder}:{i}:{k}"])
+                         for i in range(k)]
+                together = [result(p, f"copy {i} of {k}") for i, p in enumerate(procs)]
+            for si, a in enumerate(alone):
+                times = [c[si]["share_ms"] for c in together]
+                c = dict(shape=a["shape"], threads=k, share_alone_ms=a["share_ms"],
+                         share_together_ms=statistics.median(times), share_together_max_ms=max(times),
+                         share_together_all_ms=times)
+                c["contention"] = c["share_together_ms"] / c["share_alone_ms"]
+                print(f"copies {k:2d}  {a['shape']}  1/{k} alone {c['share_alone_ms']:.2f} ms, {k} at once "
+                      f"{c['share_together_ms']:.2f} ms (slowest {max(times):.2f})", flush=True)
+                ceilings.append(c)
     for r in rows:
         one = [q for q in rows if q["shape"] == r["shape"] and q["threads"] == counts[0]][0]
         r["speedup_vs_1"] = one["kernel_ms"] / r["kernel_ms"] * (1 if counts[0] == 1 else float("nan"))
@@ -189,7 +277,8 @@ def main():
                 wall_s=round(time.time() - t_start, 1),
                 note=f"medians of {repeats} runs after a warm-up (compile excluded); one process "
                      "per thread count, pinned to that many CPUs, JAX_SELSCAN_CPU_THREADS set")
-    res = dict(meta=meta, rows=rows)
+    add_ceilings(rows, ceilings)
+    res = dict(meta=meta, rows=rows, ceilings=ceilings)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(res, f, indent=1)
