@@ -15,7 +15,8 @@ read on every call). In it:
     bound is then bytes_kernel / B_k, bytes_kernel = u, delta, z, B, C read + out written.
   * with --copies: the machine's own ceiling for k threads. k single-thread processes, one
     pinned to each of the k CPUs, each run the forward on its 1/k share of the channels
-    (D / k) at the same time (a file barrier starts their timed calls together). No work is
+    (D / k) at the same time (a file barrier starts their timed calls together, and each keeps
+    calling for the same --window of seconds, so all k stay busy throughout). No work is
     shared, so whatever slows them against one such process alone (the all-core clock, the
     shared L3 and memory, a neighbour on the host) bounds every k-thread partition of the
     same work: ceiling speed-up = k * t(share, alone) / t(share, k at once).
@@ -45,8 +46,8 @@ QUICK_SHAPES = [(1, 512, 2048, 16), (1, 256, 1024, 16)]
 
 def child(k, shapes, repeats, share=1, barrier=None):
     """One thread count: returns a list of per-shape dicts (runs in its own process).
-    share > 1: run D / share channels only; with a barrier (folder, this copy's index, copies)
-    wait there until all copies are ready before the timed calls of each shape."""
+    share > 1: run D / share channels only; with a barrier (folder, this copy's index, copies,
+    window seconds) wait there until all copies are ready, then call for the window's length."""
     import concurrent.futures as cf
 
     import numpy as np
@@ -79,7 +80,7 @@ def child(k, shapes, repeats, share=1, barrier=None):
         return 12 * n / statistics.median(ts)
 
     def wait_for_all(tag):
-        folder, index, copies = barrier
+        folder, index, copies, _ = barrier
         open(os.path.join(folder, f"{tag}.{index}"), "w").close()
         while sum(name.startswith(tag + ".") for name in os.listdir(folder)) < copies:
             time.sleep(0.001)
@@ -101,10 +102,17 @@ def child(k, shapes, repeats, share=1, barrier=None):
                  D=f(dim), z=f(batch, dim, length), delta_bias=f(dim, scale=0.1, shift=0.1))
         fn = jax.jit(lambda x: selective_scan(**x, delta_softplus=True, direction="forward"))
         jax.block_until_ready(fn(x))
-        if barrier:
-            wait_for_all(f"shape{si}")
         ts = []
-        for _ in range(repeats):
+        if barrier:
+            # Every copy keeps calling until the same window has passed, so that none runs
+            # its calls on a machine that the faster copies have already left.
+            wait_for_all(f"shape{si}")
+            end = time.perf_counter() + barrier[3]
+            while time.perf_counter() < end or len(ts) < 3:
+                t = time.perf_counter()
+                jax.block_until_ready(fn(x))
+                ts.append(time.perf_counter() - t)
+        for _ in range(0 if barrier else repeats):
             t = time.perf_counter()
             jax.block_until_ready(fn(x))
             ts.append(time.perf_counter() - t)
@@ -199,6 +207,8 @@ def main():
     ap.add_argument("--copies", action="store_true",
                     help="also measure the machine's ceiling for each k > 1: k independent single-thread "
                          "processes on 1/k of the channels each, at once, against one such process alone")
+    ap.add_argument("--window", type=float, default=1.5,
+                    help="seconds for which every copy keeps calling (--copies); its median call is its time")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--barrier", default="", help=argparse.SUPPRESS)
@@ -208,8 +218,8 @@ def main():
     if args.child:
         barrier = None
         if args.barrier:
-            folder, index, copies = args.barrier.rsplit(":", 2)
-            barrier = (folder, int(index), int(copies))
+            folder, index, copies, window = args.barrier.rsplit(":", 3)
+            barrier = (folder, int(index), int(copies), float(window))
         print(json.dumps(child(args.child, shapes, repeats, args.share, barrier)))
         return
     ncpu = os.cpu_count() or 1
@@ -250,7 +260,7 @@ def main():
         if args.copies and k > 1:
             alone = result(start(cpus[:1], 1, ["--share", str(k)]), f"share 1/{k} alone")
             with tempfile.TemporaryDirectory() as folder:
-                procs = [start(cpus[i:i + 1], 1, ["--share", str(k), "--barrier", f"{folder}:{i}:{k}"])
+                procs = [start(cpus[i:i + 1], 1, ["--share", str(k), "--barrier", f"{folder}:{i}:{k}:{args.window}"])
                          for i in range(k)]
                 together = [result(p, f"copy {i} of {k}") for i, p in enumerate(procs)]
             for si, a in enumerate(alone):
