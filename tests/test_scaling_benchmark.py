@@ -1,0 +1,54 @@
+"""The arithmetic of `benchmarks/cpu_selective_scan_scaling.py --copies` on hand-made timings:
+the balanced time is k over the sum of the copies' rates (not their median), and the kernel's
+share of the ceiling does not depend on the 1-thread time."""
+import importlib.util
+import math
+import pathlib
+
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_selective_scan_scaling.py"
+_spec = importlib.util.spec_from_file_location("cpu_selective_scan_scaling", _PATH)
+scaling = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scaling)
+
+SHAPE = dict(batch=2, D=2048, L=8192, N=16)
+
+
+def rows(t1, t4):
+    out = []
+    for k, t in ((1, t1), (4, t4)):
+        out.append(dict(shape=SHAPE, threads=k, kernel_ms=t, speedup_vs_1=t1 / t, kernel_GBps=1.0,
+                        elementwise_GBps=2.0, bound_ms=1.0, fraction_of_bound=0.5))
+    return out
+
+
+def ceiling(times):
+    return dict(shape=SHAPE, threads=len(times), share_alone_ms=10.0, share_together_ms=sorted(times)[1],
+                share_together_max_ms=max(times), share_together_all_ms=list(times), contention=1.0)
+
+
+def test_balanced_time_is_k_over_the_summed_rates():
+    c = ceiling([10.0, 20.0, 20.0, 40.0])  # rates 0.1 + 0.05 + 0.05 + 0.025 = 0.225 per ms
+    scaling.add_ceilings(rows(100.0, 25.0), [c])
+    assert math.isclose(c["balanced_ms"], 4 / 0.225)
+    assert math.isclose(c["ceiling_speedup"], 100.0 / (4 / 0.225))
+    assert math.isclose(c["of_ceiling"], (4 / 0.225) / 25.0)
+    assert c["kernel_ms"] == 25.0 and math.isclose(c["kernel_speedup"], 4.0)
+
+
+def test_share_of_the_ceiling_ignores_the_one_thread_time():
+    a, b = ceiling([12.0, 18.0, 24.0, 12.0]), ceiling([12.0, 18.0, 24.0, 12.0])
+    scaling.add_ceilings(rows(190.0, 30.0), [a])
+    scaling.add_ceilings(rows(300.0, 30.0), [b])
+    assert a["of_ceiling"] == b["of_ceiling"]
+    assert a["ceiling_speedup"] < b["ceiling_speedup"]
+
+
+def test_markdown_has_the_ceiling_table():
+    r = rows(100.0, 25.0)
+    c = ceiling([10.0, 10.0, 10.0, 10.0])
+    scaling.add_ceilings(r, [c])
+    meta = dict(date="d", machine="m", commit="c", jax="j", command="x", note="n")
+    md = scaling.markdown(dict(meta=meta, rows=r, ceilings=[c]))
+    line = [s for s in md.splitlines() if s.startswith("| 2, 2048, 8192, 16 | 4 | 10.00")]
+    # balanced 10 ms: ceiling 100 / 10 = 10x; the kernel's 25 ms reaches 10 / 25 = 0.40 of it
+    assert len(line) == 1 and "| 10.00x |" in line[0] and line[0].endswith("| 0.40 |")
