@@ -257,7 +257,9 @@ def main():
                   f"{r['kernel_GBps']:.1f} GB/s  elementwise {r['elementwise_GBps']:.1f} GB/s  "
                   f"of bound {r['fraction_of_bound']:.2f}", flush=True)
         rows += got
-        if args.copies and k > 1:
+        if args.copies and k > 1 and any(shape[1] % k for shape in shapes):
+            print(f"copies {k:2d}  skipped: {k} does not divide every shape's D", flush=True)
+        elif args.copies and k > 1:
             alone = result(start(cpus[:1], 1, ["--share", str(k)]), f"share 1/{k} alone")
             with tempfile.TemporaryDirectory() as folder:
                 procs = [start(cpus[i:i + 1], 1, ["--share", str(k), "--barrier", f"{folder}:{i}:{k}:{args.window}"])
