@@ -19,7 +19,8 @@ read on every call). In it:
     calling for the same --window of seconds, so all k stay busy throughout). No work is
     shared, so whatever slows them against one such process alone (the all-core clock, the
     shared L3 and memory, a neighbour on the host) bounds every k-thread partition of the
-    same work: ceiling speed-up = k * t(share, alone) / t(share, k at once).
+    same work. With t_i copy i's median call, a free and perfectly balanced split would take
+    k / sum(1 / t_i) ("balanced"); ceiling speed-up = t(1 thread) / balanced.
 Prints and writes (JSON + Markdown): time, speedup vs 1 thread, GB/s, fraction of the
 bandwidth bound (1.0 = at the memory ceiling), with date, machine and commit.
 Shapes: (2, 2048, 8192, 16) and (1, 1536, 2048, 16) (--quick: smaller, fewer repeats).
@@ -119,7 +120,8 @@ def child(k, shapes, repeats, share=1, barrier=None):
         t_kernel = statistics.median(ts)
         if share > 1:
             rows.append(dict(shape=dict(batch=batch, D=dim * share, L=length, N=n), share=share,
-                             copies=barrier[2] if barrier else 1, share_ms=t_kernel * 1e3, share_runs_ms=[t * 1e3 for t in ts]))
+                             copies=barrier[2] if barrier else 1, share_ms=t_kernel * 1e3,
+                             share_runs_ms=[t * 1e3 for t in ts]))
             del x
             continue
         nbytes = 4 * (4 * batch * dim * length + 2 * batch * n * length)
