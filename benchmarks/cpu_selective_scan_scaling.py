@@ -169,11 +169,13 @@ def markdown(res):
            "| batch, D, L, N | threads | kernel ms | speed-up vs 1 | kernel GB/s | elementwise GB/s "
            "| bandwidth bound ms | of bound |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    def line(shape, *cells):
+        return f"| {shape['batch']}, {shape['D']}, {shape['L']}, {shape['N']} | " + " | ".join(cells) + " |"
+
     for r in res["rows"]:
-        s = r["shape"]
-        out.append(f"| {s['batch']}, {s['D']}, {s['L']}, {s['N']} | {r['threads']} | {r['kernel_ms']:.1f} | "
-                   f"{r['speedup_vs_1']:.2f}x | {r['kernel_GBps']:.1f} | {r['elementwise_GBps']:.1f} | "
-                   f"{r['bound_ms']:.1f} | {r['fraction_of_bound']:.2f} |")
+        out.append(line(r["shape"], f"{r['threads']}", f"{r['kernel_ms']:.1f}", f"{r['speedup_vs_1']:.2f}x",
+                        f"{r['kernel_GBps']:.1f}", f"{r['elementwise_GBps']:.1f}", f"{r['bound_ms']:.1f}",
+                        f"{r['fraction_of_bound']:.2f}"))
     out.append("\n`of bound` = (kernel bytes / elementwise bandwidth at that thread count) / kernel time: "
                "1.0 means the kernel moves its bytes as fast as a plain elementwise pass on those cores.")
     if res.get("ceilings"):
@@ -189,11 +191,10 @@ def markdown(res):
                 "balanced ms | ceiling | kernel ms | kernel speed-up | kernel / ceiling |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for c in res["ceilings"]:
-            s = c["shape"]
-            out.append(f"| {s['batch']}, {s['D']}, {s['L']}, {s['N']} | {c['threads']} | {c['share_alone_ms']:.2f} | "
-                       f"{c['share_together_ms']:.2f} / {c['share_together_max_ms']:.2f} | "
-                       f"{c['contention']:.2f}x | {c['balanced_ms']:.2f} | {c['ceiling_speedup']:.2f}x | "
-                       f"{c['kernel_ms']:.2f} | {c['kernel_speedup']:.2f}x | {c['of_ceiling']:.2f} |")
+            out.append(line(c["shape"], f"{c['threads']}", f"{c['share_alone_ms']:.2f}",
+                            f"{c['share_together_ms']:.2f} / {c['share_together_max_ms']:.2f}",
+                            f"{c['contention']:.2f}x", f"{c['balanced_ms']:.2f}", f"{c['ceiling_speedup']:.2f}x",
+                            f"{c['kernel_ms']:.2f}", f"{c['kernel_speedup']:.2f}x", f"{c['of_ceiling']:.2f}"))
     return "\n".join(out) + "\n"
 
 
