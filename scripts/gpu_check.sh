@@ -21,7 +21,9 @@
 # events; VB_ENV="VB_ROWS=1" picks the shape set), variants_ab (prebuilt benches in turn: VB_AB), main_bench (python -m jax_selscan.bench
 # and examples/lru_drop_in.py, the README's plot), cpu_bench (the CPU selective-scan
 # benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON;
-# CPU_SCALING=0 skips the curve; CPU_BENCH_ARGS="--shapes ..." a subset; JSS_CUDA=OFF builds the CPU extension alone).
+# CPU_SCALING=0 skips the curve, which measures the host's own ceiling too (--copies; CPU_SCALING_ARGS adds options);
+# CPU_BENCH_ARGS="--shapes ..." a subset; JSS_CUDA=OFF builds the CPU extension alone), cpu_probe (the 16-thread kernel
+# against 16 one-thread calls in one process, benchmarks/cpu_selective_scan_threads_probe.py; CPU_PROBE_ARGS).
 # Each stage has its own time limit so that a hang cannot eat the whole call.
 # Only a few files come back from the device (at most 8 from $OUT; past that, whole files are
 # left out, stages.log among them): the stage logs go to $LOGS, kept outside $OUT, and are
@@ -245,8 +247,11 @@ fi
 if has cpu_bench; then  # CPU only (JAX_PLATFORMS=cpu): the 16 host cores
   JAX_PLATFORMS=cpu TAIL=30 step cpu_bench 300 $PY -P benchmarks/cpu_selective_scan.py --out "$OUT/cpu_selective_scan_host" ${CPU_BENCH_ARGS:-}
   [[ "${CPU_SCALING:-1}" == 1 ]] && JAX_PLATFORMS=cpu TAIL=30 step cpu_scaling 300 $PY -P \
-    benchmarks/cpu_selective_scan_scaling.py --out "$OUT/cpu_selective_scan_scaling_host"
+    benchmarks/cpu_selective_scan_scaling.py --copies --out "$OUT/cpu_selective_scan_scaling_host" ${CPU_SCALING_ARGS:-}
 fi
+# The 16-thread kernel against 16 Python threads running 1-thread shares in the same process.
+has cpu_probe && JAX_PLATFORMS=cpu TAIL=12 step cpu_probe 150 $PY -P benchmarks/cpu_selective_scan_threads_probe.py \
+  ${CPU_PROBE_ARGS:-}
 for f in env.txt "$LOGS"/*.log; do
   f=$(basename "$f"); [[ -f "$LOGS/$f" ]] && { echo "##### $f"; cat "$LOGS/$f"; }
 done > "$OUT/stages.log" 2>&1
