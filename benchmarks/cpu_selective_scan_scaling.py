@@ -45,6 +45,24 @@ SHAPES = [(2, 2048, 8192, 16), (1, 1536, 2048, 16)]
 QUICK_SHAPES = [(1, 512, 2048, 16), (1, 256, 1024, 16)]
 
 
+def mamba_inputs(batch, dim, length, n, seed=0):
+    """float32 selective-scan arguments with Mamba's options: B, C (batch, N, L); D; z; delta_bias."""
+    import numpy as np
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+
+    def f(*s, scale=1.0, shift=0.0):
+        x = rng.standard_normal(s, dtype=np.float32)
+        x *= scale
+        x += shift
+        return jnp.asarray(x)
+
+    return dict(u=f(batch, dim, length), delta=f(batch, dim, length, scale=0.5, shift=-1.0),
+                A=-jnp.exp(f(dim, n, scale=0.5)), B=f(batch, n, length), C=f(batch, n, length),
+                D=f(dim), z=f(batch, dim, length), delta_bias=f(dim, scale=0.1, shift=0.1))
+
+
 def child(k, shapes, repeats, share=1, barrier=None):
     """One thread count: returns a list of per-shape dicts (runs in its own process).
     share > 1: run D / share channels only; with a barrier (folder, this copy's index, copies,
@@ -53,7 +71,6 @@ def child(k, shapes, repeats, share=1, barrier=None):
 
     import numpy as np
     import jax
-    import jax.numpy as jnp
 
     from jax_selscan import _ffi
     from jax_selscan.selective_scan import selective_scan
@@ -90,17 +107,7 @@ def child(k, shapes, repeats, share=1, barrier=None):
     for si, shape in enumerate(shapes):
         batch, dim, length, n = shape
         dim //= share
-        rng = np.random.default_rng(0)
-
-        def f(*s, scale=1.0, shift=0.0):
-            x = rng.standard_normal(s, dtype=np.float32)
-            x *= scale
-            x += shift
-            return jnp.asarray(x)
-
-        x = dict(u=f(batch, dim, length), delta=f(batch, dim, length, scale=0.5, shift=-1.0),
-                 A=-jnp.exp(f(dim, n, scale=0.5)), B=f(batch, n, length), C=f(batch, n, length),
-                 D=f(dim), z=f(batch, dim, length), delta_bias=f(dim, scale=0.1, shift=0.1))
+        x = mamba_inputs(batch, dim, length, n)
         fn = jax.jit(lambda x: selective_scan(**x, delta_softplus=True, direction="forward"))
         jax.block_until_ready(fn(x))
         ts = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import threading
 import time
 
@@ -26,22 +27,17 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--calls", type=int, default=5, help="calls per Python thread per round")
     args = ap.parse_args()
-    import numpy as np
     import jax
     import jax.numpy as jnp
     from jax_selscan import selective_scan
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also under python -P
+    from cpu_selective_scan_scaling import mamba_inputs
 
     b, d, l, n = (int(v) for v in args.shape.split("x"))
     k = args.threads
     if d % k:
         raise SystemExit(f"--threads {k} must divide D = {d}")
-    rng = np.random.default_rng(0)
-
-    def f(*s, scale=1.0, shift=0.0):
-        return jnp.asarray(rng.standard_normal(s, dtype=np.float32) * scale + shift)
-
-    x = dict(u=f(b, d, l), delta=f(b, d, l, scale=0.5, shift=-1.0), A=-jnp.exp(f(d, n, scale=0.5)),
-             B=f(b, n, l), C=f(b, n, l), D=f(d), z=f(b, d, l), delta_bias=f(d, scale=0.1, shift=0.1))
+    x = mamba_inputs(b, d, l, n)
     fn = jax.jit(lambda x: selective_scan(**x, delta_softplus=True, direction="forward"))
     per_channel = {"A", "D", "delta_bias"}  # leading axis D; u, delta, z: (b, D, L); B, C shared
     s = d // k
