@@ -110,6 +110,15 @@ struct alignas(16) Vec16 {
   static constexpr int N = 16 / sizeof(T);
   T v[N];
 };
+// A vector of B bytes (16 or 8) of T: the staged strided tiles' lane vectors.
+template <class T, int B>
+struct alignas(B) VecB {
+  static constexpr int N = B / sizeof(T);
+  T v[N];
+};
+// The word of B bytes a staged tile is read and written in.
+template <int B>
+using VecWord = typename std::conditional<B == 16, uint4, uint2>::type;
 template <class T>
 __device__ __forceinline__ Vec16<T> load16(const T* p) {
   uint4 u = __ldg(reinterpret_cast<const uint4*>(p));

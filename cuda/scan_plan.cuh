@@ -58,6 +58,7 @@ template <class T>
 struct PipeTune {
   static constexpr int SPW = 16, NSLOT = 3;
   static constexpr int UF = SPW, UW = sizeof(T) == 2 ? 4 : SPW;
+  static constexpr int VB = 16;  // bytes of a lane's channel vector
 };
 
 
@@ -113,9 +114,10 @@ Plan make_plan(const ScanProblem& p) {
   pl.algo = p.algorithm == kAuto ? resolve_algorithm(p, (int)sizeof(T)) : p.algorithm;
   pl.strided = p.inner > 1;
   if (pl.algo == kStridedStage && !stage_legal<T>(p)) pl.algo = kLookbackRegs;
-  if (pl.algo == kStridedPipe && !pipe_legal<T>(p)) pl.algo = stage_legal<T>(p) ? kStridedStage : kLookbackRegs;
+  if (pl.algo == kStridedPipe && !pipe_legal<T, PipeTune<T>::VB>(p))
+    pl.algo = stage_legal<T>(p) ? kStridedStage : kLookbackRegs;
   if (pl.algo == kStridedPipe) {
-    const PipeGeom<T, PipeTune<T>::SPW> g(p);
+    const PipeGeom<T, PipeTune<T>::SPW, PipeTune<T>::VB> g(p);
     pl.nct = g.nct;
     pl.nchains = g.nchains;
     pl.nchunks = g.nchunks;
@@ -225,7 +227,7 @@ cudaError_t device_algorithm(int planned, int& algo) {
   cudaError_t err = cudaSuccess;
   if (planned == kStridedPipe) {
     using TU = PipeTune<T>;
-    err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW>(fits);
+    err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(fits);
     if (!fits) algo = kLookbackRegs;
   }
   if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
@@ -260,7 +262,7 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     if (algo == kStridedPipe) {
       using TU = PipeTune<T>;
-      return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW>(p, scratch, stream);
+      return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(p, scratch, stream);
     }
     if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
       if (algo == kRowPipe) {

@@ -162,24 +162,26 @@ __device__ __forceinline__ Pair<S> ldcg_pair(const Pair<S>* p) {
 }
 
 // One warp's steps of a staged strided tile, shared by strided_stage and strided_pipe. The
-// staged layout: per step, the 32 lanes' 16-byte vectors of a, then those of b (64 uint4); a
-// lane reads only its own vectors. staged_fold: the fold of the first n <= SPW steps, per
-// channel of the lane, into x (from the identity).
-template <class T, int SPW, int UNR = SPW>
-__device__ __forceinline__ void staged_fold(const uint4* st, int n, int lane,
-                                            Pair<typename Elem<T>::S> (&x)[Vec16<T>::N]) {
+// staged layout: per step, the 32 lanes' VB-byte vectors of a, then those of b (64 words of
+// VB bytes; VB = 16, or 8 for strided_pipe's narrow tiles); a lane reads only its own vectors.
+// staged_fold: the fold of the first n <= SPW steps, per channel of the lane, into x (from
+// the identity).
+template <class T, int SPW, int UNR = SPW, int VB = 16>
+__device__ __forceinline__ void staged_fold(const VecWord<VB>* st, int n, int lane,
+                                            Pair<typename Elem<T>::S> (&x)[VecB<T, VB>::N]) {
   using E = Elem<T>;
   using S = typename E::S;
+  using U = VecWord<VB>;
 #pragma unroll
-  for (int e = 0; e < Vec16<T>::N; ++e) x[e] = identity<S>();
+  for (int e = 0; e < VecB<T, VB>::N; ++e) x[e] = identity<S>();
 #pragma unroll UNR
   for (int i = 0; i < SPW; ++i) {
     if (i < n) {
-      Vec16<T> va, vb;
-      *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
-      *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
+      VecB<T, VB> va, vb;
+      *reinterpret_cast<U*>(&va) = st[i * 64 + lane];
+      *reinterpret_cast<U*>(&vb) = st[i * 64 + 32 + lane];
 #pragma unroll
-      for (int e = 0; e < Vec16<T>::N; ++e) x[e] = combine(x[e], Pair<S>{E::up(va.v[e]), E::up(vb.v[e])});
+      for (int e = 0; e < VecB<T, VB>::N; ++e) x[e] = combine(x[e], Pair<S>{E::up(va.v[e]), E::up(vb.v[e])});
     }
   }
 }
@@ -187,26 +189,27 @@ __device__ __forceinline__ void staged_fold(const uint4* st, int n, int lane,
 // staged_walk: the same steps again from the prefix c (per channel), storing h at ph (and the
 // running product at pp unless null), the pointers moving by `step` elements per step. In
 // both, UNR is how many steps are unrolled at a time (by default all).
-template <class T, int SPW, int UNR = SPW>
-__device__ __forceinline__ void staged_walk(const uint4* st, int n, int lane, int64_t step,
-                                            Pair<typename Elem<T>::S> (&c)[Vec16<T>::N], T* ph, T* pp) {
+template <class T, int SPW, int UNR = SPW, int VB = 16>
+__device__ __forceinline__ void staged_walk(const VecWord<VB>* st, int n, int lane, int64_t step,
+                                            Pair<typename Elem<T>::S> (&c)[VecB<T, VB>::N], T* ph, T* pp) {
   using E = Elem<T>;
-  constexpr int V = Vec16<T>::N;
+  using U = VecWord<VB>;
+  constexpr int V = VecB<T, VB>::N;
   if (pp) {
 #pragma unroll UNR
     for (int i = 0; i < SPW; ++i) {
       if (i < n) {
-        Vec16<T> va, vb, vh, vp;
-        *reinterpret_cast<uint4*>(&va) = st[i * 64 + lane];
-        *reinterpret_cast<uint4*>(&vb) = st[i * 64 + 32 + lane];
+        VecB<T, VB> va, vb, vh, vp;
+        *reinterpret_cast<U*>(&va) = st[i * 64 + lane];
+        *reinterpret_cast<U*>(&vb) = st[i * 64 + 32 + lane];
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           c[e] = combine(c[e], {E::up(va.v[e]), E::up(vb.v[e])});
           vh.v[e] = E::down(c[e].b);
           vp.v[e] = E::down(c[e].a);
         }
-        store16(ph, vh);
-        store16(pp, vp);
+        *reinterpret_cast<U*>(ph) = *reinterpret_cast<const U*>(&vh);
+        *reinterpret_cast<U*>(pp) = *reinterpret_cast<const U*>(&vp);
       }
       ph += step;
       pp += step;
@@ -220,24 +223,24 @@ __device__ __forceinline__ void staged_walk(const uint4* st, int n, int lane, in
   constexpr int UB = UNR / BJ > 0 ? UNR / BJ : 1;
 #pragma unroll UB
   for (int i0 = 0; i0 < SPW; i0 += BJ) {
-    Vec16<T> va[BJ], vb[BJ];
+    VecB<T, VB> va[BJ], vb[BJ];
 #pragma unroll
     for (int u = 0; u < BJ; ++u) {
       if (i0 + u < n) {
-        *reinterpret_cast<uint4*>(&va[u]) = st[(i0 + u) * 64 + lane];
-        *reinterpret_cast<uint4*>(&vb[u]) = st[(i0 + u) * 64 + 32 + lane];
+        *reinterpret_cast<U*>(&va[u]) = st[(i0 + u) * 64 + lane];
+        *reinterpret_cast<U*>(&vb[u]) = st[(i0 + u) * 64 + 32 + lane];
       }
     }
 #pragma unroll
     for (int u = 0; u < BJ; ++u) {
       if (i0 + u < n) {
-        Vec16<T> vh;
+        VecB<T, VB> vh;
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           c[e].b = s_fma(E::up(va[u].v[e]), c[e].b, E::up(vb[u].v[e]));
           vh.v[e] = E::down(c[e].b);
         }
-        store16(ph, vh);
+        *reinterpret_cast<U*>(ph) = *reinterpret_cast<const U*>(&vh);
       }
       ph += step;
     }

@@ -67,16 +67,16 @@ constexpr int PIPE_GROUP = 4;   // warps per role (aggregators, finishers)
 constexpr int PIPE_FIRST = 2;   // the look-back's first read: the nearest words
 constexpr int PIPE_WINDOW = 8;  // its later reads, all words loaded at once (per thread)
 
-template <class T, int SPW, int NSLOT>
+template <class T, int SPW, int NSLOT, int VB = 16>
 struct PipeCfg {
   using S = typename Elem<T>::S;
-  static constexpr int V = StageCfg<T>::V;
-  static constexpr int CW = StageCfg<T>::CW;
+  static constexpr int V = VecB<T, VB>::N;
+  static constexpr int CW = 32 * V;
   static constexpr int LC = PIPE_GROUP * SPW;
   static constexpr int THREADS = (2 * PIPE_GROUP + 1) * 32;
   static constexpr int PRODUCER = 2 * PIPE_GROUP;  // the producer's warp
   static constexpr int PER = (CW + PIPE_GROUP * 32 - 1) / (PIPE_GROUP * 32);  // channels per role thread
-  static constexpr size_t slot_bytes = size_t(LC) * 2 * 32 * 16;
+  static constexpr size_t slot_bytes = size_t(LC) * 2 * 32 * VB;
   static constexpr size_t agg_bytes = size_t(PIPE_GROUP) * CW * sizeof(Pair<S>);
   // slots, s_agg per slot, s_excl x 2, mbarriers (3 per slot), ids per slot
   static constexpr size_t smem() {
@@ -226,16 +226,17 @@ __device__ Pair<float> lookback_finish(const Status<float>& st, int64_t k, const
   return acc;
 }
 
-template <class T, int SPW, int NSLOT, int UF, int UW>
-__global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pipe_kernel(Dev d) {
-  using C = PipeCfg<T, SPW, NSLOT>;
+template <class T, int SPW, int NSLOT, int UF, int UW, int VB>
+__global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT, VB>::THREADS, 1) strided_pipe_kernel(Dev d) {
+  using C = PipeCfg<T, SPW, NSLOT, VB>;
+  using U = VecWord<VB>;
   using E = Elem<T>;
   using P = Pair<float>;
   static_assert(std::is_same<typename E::S, float>::value, "packed status words: float state only");
   constexpr int V = C::V, CW = C::CW, LC = C::LC, PER = C::PER, GT = PIPE_GROUP * 32;
   constexpr int W = PIPE_WINDOW;
   extern __shared__ uint4 smem_pipe[];
-  uint4* s_slot = smem_pipe;                                                          // [NSLOT][LC][2][32]
+  U* s_slot = reinterpret_cast<U*>(smem_pipe);                                        // [NSLOT][LC][2][32]
   P* s_agg = reinterpret_cast<P*>(reinterpret_cast<char*>(smem_pipe) + NSLOT * C::slot_bytes);  // [NSLOT][4][CW]
   P* s_excl = s_agg + NSLOT * PIPE_GROUP * CW;                                        // [2][CW]
   uint64_t* bars = reinterpret_cast<uint64_t*>(s_excl + 2 * CW);                      // full, scanned, empty
@@ -295,7 +296,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
       id = __shfl_sync(0xffffffffu, id, 0);
       if (lane == 0) s_ids[s] = id;  // >= ntiles: the end marker
       if (id < ntiles) {
-        uint4* dst = s_slot + (size_t)s * LC * 64;
+        U* dst = s_slot + (size_t)s * LC * 64;
 #pragma unroll 1
         for (int w = 0; w < PIPE_GROUP; ++w) {
           int n;
@@ -307,8 +308,8 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
 #pragma unroll UF
             for (int j = 0; j < SPW; ++j) {
               if (j < n) {
-                cp_async<16>(dst + (w * SPW + j) * 64 + lane, pa);
-                cp_async<16>(dst + (w * SPW + j) * 64 + 32 + lane, pb);
+                cp_async<VB>(dst + (w * SPW + j) * 64 + lane, pa);
+                cp_async<VB>(dst + (w * SPW + j) * 64 + 32 + lane, pb);
               }
               pa += step;
               pb += step;
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
       bool active;
       first_off(cur, (int64_t)w * SPW, n, active);
       P x[V];
-      staged_fold<T, SPW, UF>(s_slot + ((size_t)s * LC + w * SPW) * 64, active ? n : 0, lane, x);
+      staged_fold<T, SPW, UF, VB>(s_slot + ((size_t)s * LC + w * SPW) * 64, active ? n : 0, lane, x);
       P* sa = s_agg + (size_t)s * PIPE_GROUP * CW;
       // The finishers' reads of this slot's last aggregates came before the producer's refill,
       // so this wait returns at once; it states the order directly (racecheck does not follow
@@ -432,7 +433,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
     bool active;
     const int64_t off = first_off(cur, (int64_t)w * SPW, n, active);
     if (active && n > 0) {
-      const uint4* src = s_slot + ((size_t)s * LC + w * SPW) * 64;
+      const U* src = s_slot + ((size_t)s * LC + w * SPW) * 64;
       P cv[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
@@ -443,7 +444,7 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
           if (q < w) acc = combine(acc, sa[q * CW + ch]);
         cv[e] = acc;
       }
-      staged_walk<T, SPW, UW>(src, n, lane, step, cv, H + off, AP ? AP + off : nullptr);
+      staged_walk<T, SPW, UW, VB>(src, n, lane, step, cv, H + off, AP ? AP + off : nullptr);
     }
     mbar_arrive(empty + s);
     if (ftid == 0) {
@@ -456,9 +457,9 @@ __global__ void __launch_bounds__(PipeCfg<T, SPW, NSLOT>::THREADS, 1) strided_pi
 // Host side. Scratch: the tile counter, then one 16-byte status word per tile and channel
 // (all reset before every launch: +0.25 B per element at LC = 64). A persistent grid: the
 // blocks that fit at once (one per SM at this shared memory), never more than tiles.
-template <class T, int SPW>
+template <class T, int SPW, int VB = 16>
 struct PipeGeom {
-  static constexpr int CW = StageCfg<T>::CW, LC = PIPE_GROUP * SPW;
+  static constexpr int CW = PipeCfg<T, SPW, 2, VB>::CW, LC = PIPE_GROUP * SPW;
   int64_t nct, nchains, nchunks, ntiles;
   size_t nstatus;
   explicit PipeGeom(const ScanProblem& p) {
@@ -471,10 +472,11 @@ struct PipeGeom {
   size_t total() const { return 256 + Status<float>::bytes(nstatus); }
 };
 
-// float state (fp32, bf16, f16) with 16-byte channel vectors (else the plan falls back)
-template <class T>
+// float state (fp32, bf16, f16) with VB-byte channel vectors (else the plan falls back)
+template <class T, int VB = 16>
 bool pipe_legal(const ScanProblem& p) {
-  return std::is_same<typename Elem<T>::S, float>::value && stage_legal<T>(p);
+  return std::is_same<typename Elem<T>::S, float>::value && p.inner > 1 && (align_bits(p) & (VB - 1)) == 0 &&
+         p.inner % VecB<T, VB>::N == 0;
 }
 
 // Whether the current device lets one block of `kernel` have `dynamic` bytes of shared memory
@@ -502,26 +504,27 @@ cudaError_t smem_fits_device(K kernel, size_t dynamic, std::atomic<int> (&cache)
   return cudaSuccess;
 }
 
-template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW, int VB = 16>
 cudaError_t pipe_fits_device(bool& fits) {
   if constexpr (!std::is_same<typename Elem<T>::S, float>::value) {
     fits = false;  // make_plan never asks for it
     return cudaSuccess;
   } else {
     static std::atomic<int> cache[64];
-    return smem_fits_device(strided_pipe_kernel<T, SPW, NSLOT, UF, UW>, PipeCfg<T, SPW, NSLOT>::smem(), cache, fits);
+    return smem_fits_device(strided_pipe_kernel<T, SPW, NSLOT, UF, UW, VB>, PipeCfg<T, SPW, NSLOT, VB>::smem(), cache,
+                            fits);
   }
 }
 
-template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW, int VB = 16>
 cudaError_t pipe_launch(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   if constexpr (!std::is_same<typename Elem<T>::S, float>::value) {
     return cudaErrorInvalidValue;  // make_plan never asks for it
   } else {
-    using C = PipeCfg<T, SPW, NSLOT>;
-    const PipeGeom<T, SPW> g(p);
+    using C = PipeCfg<T, SPW, NSLOT, VB>;
+    const PipeGeom<T, SPW, VB> g(p);
     if (g.ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
-    auto kernel = strided_pipe_kernel<T, SPW, NSLOT, UF, UW>;
+    auto kernel = strided_pipe_kernel<T, SPW, NSLOT, UF, UW, VB>;
     static std::atomic<int> resident[64];
     int res = 0;
     cudaError_t err = resident_blocks(kernel, C::THREADS, C::smem(), resident, res);

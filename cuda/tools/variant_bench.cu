@@ -160,17 +160,18 @@ void stage(const ScanProblem& p, void* scratch) {
   CK((stage_launch<T, NW, SPW, NBUF>(p, scratch, 0)));
 }
 
-// strided_pipe at another geometry: SPW steps per warp (LC = 4 x SPW), NSLOT ring slots;
-// false (not run) where its shared memory does not fit one block
-template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
-bool pipe_fits() {
+// strided_pipe at another geometry: SPW steps per warp (LC = 4 x SPW), NSLOT ring slots,
+// VB-byte channel vectors per lane (tiles of 32 x VB bytes of channels); false (not run) where
+// its shared memory does not fit one block or its vectors are not legal for the shape
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW, int VB = 16>
+bool pipe_fits(const ScanProblem& p) {
   bool fits = false;
-  CK((pipe_fits_device<T, SPW, NSLOT, UF, UW>(fits)));
-  return fits;
+  CK((pipe_fits_device<T, SPW, NSLOT, UF, UW, VB>(fits)));
+  return fits && pipe_legal<T, VB>(p);
 }
-template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW>
+template <class T, int SPW, int NSLOT, int UF = SPW, int UW = SPW, int VB = 16>
 void pipe(const ScanProblem& p, void* scratch) {
-  CK((pipe_launch<T, SPW, NSLOT, UF, UW>(p, scratch, 0)));
+  CK((pipe_launch<T, SPW, NSLOT, UF, UW, VB>(p, scratch, 0)));
 }
 // row_pipe at another geometry: NA aggregator warps, NV 16-byte vectors per aggregator lane,
 // NSLOT ring slots
@@ -293,17 +294,25 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"stage_w4s8_b2", [&] { stage<T, 4, 8, 2>(p, scratch); }});
     // session 10 (docs/PERFORMANCE_CUDA.md section 10): the warp-specialised pipeline
 #define JSS_PIPE(SPW, NSLOT) \
-  if (pipe_fits<T, SPW, NSLOT>()) vs.push_back({"pipe_s" #SPW "_n" #NSLOT, [&] { pipe<T, SPW, NSLOT>(p, scratch); }});
+  if (pipe_fits<T, SPW, NSLOT>(p)) vs.push_back({"pipe_s" #SPW "_n" #NSLOT, [&] { pipe<T, SPW, NSLOT>(p, scratch); }});
     JSS_PIPE(16, 3) JSS_PIPE(16, 2) JSS_PIPE(12, 4) JSS_PIPE(8, 6)
 #undef JSS_PIPE
     // session 13 (section 13): the fold (and the copies) unrolled UF steps at a time, the walk
     // UW (the writers role measured there is refuted and gone)
 #define JSS_PIPE_U(SPW, NSLOT, UF, UW)                                                  \
-  if (pipe_fits<T, SPW, NSLOT, UF, UW>())                                               \
+  if (pipe_fits<T, SPW, NSLOT, UF, UW>(p))                                              \
     vs.push_back({"pipe_s" #SPW "_n" #NSLOT "_f" #UF "w" #UW, [&] { pipe<T, SPW, NSLOT, UF, UW>(p, scratch); }});
     JSS_PIPE_U(16, 3, 8, 8) JSS_PIPE_U(16, 3, 4, 4) JSS_PIPE_U(16, 3, 16, 4) JSS_PIPE_U(16, 3, 4, 16)
     JSS_PIPE_U(16, 3, 16, 8) JSS_PIPE_U(16, 3, 8, 16)
 #undef JSS_PIPE_U
+    // session 41 (section 16): narrow tiles, 8-byte vectors (32 x 8 bytes of channels: twice the
+    // chains), as tall again (s32: the same bytes a tile) or as tall (s16)
+#define JSS_PIPE_V8(SPW, NSLOT, UF, UW)                                                      \
+  if (pipe_fits<T, SPW, NSLOT, UF, UW, 8>(p))                                                \
+    vs.push_back({"pipe_v8_s" #SPW "_n" #NSLOT "_f" #UF "w" #UW, [&] { pipe<T, SPW, NSLOT, UF, UW, 8>(p, scratch); }});
+    JSS_PIPE_V8(32, 3, 32, 4) JSS_PIPE_V8(32, 3, 32, 8) JSS_PIPE_V8(32, 3, 16, 8) JSS_PIPE_V8(16, 3, 16, 4)
+    JSS_PIPE_V8(16, 6, 16, 8)
+#undef JSS_PIPE_V8
   }
   if (std::getenv("VB_PIPE_ONLY")) {  // only auto, lookback_regs and the pipeline variants
     std::vector<std::pair<std::string, std::function<void()>>> keep;
@@ -311,6 +320,13 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
       if (v.first == "auto" || v.first == "lookback_regs" || v.first.rfind("pipe_", 0) == 0 ||
           v.first.rfind("rpipe_", 0) == 0 || v.first == "row_stage")
         keep.push_back(v);
+    vs.swap(keep);
+  }
+  if (const char* only = std::getenv("VB_ONLY")) {  // a comma-separated list of variant names
+    const std::string list = std::string(",") + only + ",";
+    std::vector<std::pair<std::string, std::function<void()>>> keep;
+    for (auto& v : vs)
+      if (list.find("," + v.first + ",") != std::string::npos) keep.push_back(v);
     vs.swap(keep);
   }
   if (ncu) {  // one launch of each, for the profiler
@@ -340,7 +356,8 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     std::printf("\n");
 #ifdef JSS_PIPE_STATS
     for (auto& v : vs)
-      if (v.first.rfind("pipe_", 0) == 0) pipe_stats(v.first, v.second, StageCfg<T>::CW);
+      if (v.first.rfind("pipe_v8", 0) == 0) pipe_stats(v.first, v.second, 32 * 8 / (int)sizeof(T));
+      else if (v.first.rfind("pipe_", 0) == 0) pipe_stats(v.first, v.second, StageCfg<T>::CW);
       else if (v.first.rfind("rpipe_", 0) == 0) pipe_stats(v.first, v.second, 1);
 #endif
     fflush(stdout);
