@@ -18,7 +18,7 @@
 # sharded_gpu (tests/test_sharded.py on 4 GPUs), sync_overhead (how the host waits for a call).
 # Also: lds (shared-load wavefronts by lane pattern, cuda/tools/lds_wavefronts.cu),
 # variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
-# events; VB_ENV="VB_ROWS=1" picks the shape set), variants_ab (prebuilt benches in turn: VB_AB), main_bench (python -m jax_selscan.bench
+# events; VB_ENV="VB_ROWS=1" picks the shape set, "VB_ONLY=name,name" the variants), variants_ab (prebuilt benches in turn: VB_AB), main_bench (python -m jax_selscan.bench
 # and examples/lru_drop_in.py, the README's plot), cpu_bench (the CPU selective-scan
 # benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON;
 # CPU_SCALING=0 skips the curve, which measures the host's own ceiling too (--copies; CPU_SCALING_ARGS adds options);
