@@ -24,9 +24,10 @@
 // every predecessor inclusive, and its block's finisher reaches it (that block's earlier
 // tiles have lower ids).
 //
-// Tile geometry: CW = 32 lanes x one 16-byte vector of channels, LC = 4 * SPW steps (warp w
-// of a role owns steps [w*SPW, (w+1)*SPW)); tile id = k * nchains + chain as in
-// strided_stage. A slot is [LC][a, b][32 lanes] 16-byte vectors.
+// Tile geometry: CW = 32 lanes x one VB-byte vector of channels (VB = 16 as strided_stage;
+// 8 gives narrow tiles of twice the chains, docs/PERFORMANCE_CUDA.md section 16), LC = 4 * SPW
+// steps (warp w of a role owns steps [w*SPW, (w+1)*SPW)); tile id = k * nchains + chain as in
+// strided_stage. A slot is [LC][a, b][32 lanes] VB-byte vectors.
 //
 // Status: one 16-byte word {flag, 0, a, b} per tile and channel (Status<float>: published and
 // read in one access, float state only), so a channel's look-back needs no fence and reads
