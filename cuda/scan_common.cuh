@@ -104,19 +104,16 @@ template <> struct Elem<c64> {
   static __device__ __forceinline__ c64 down(S v) { return v; }
 };
 
-// 16-byte vector of T.
-template <class T>
-struct alignas(16) Vec16 {
-  static constexpr int N = 16 / sizeof(T);
-  T v[N];
-};
-// A vector of B bytes (16 or 8) of T: the staged strided tiles' lane vectors.
+// A vector of B bytes (16, or 8 for strided_pipe's narrow tiles) of T, and the word it is
+// loaded and stored as.
 template <class T, int B>
 struct alignas(B) VecB {
+  static_assert(B == 16 || B == 8, "16- or 8-byte vectors");
   static constexpr int N = B / sizeof(T);
   T v[N];
 };
-// The word of B bytes a staged tile is read and written in.
+template <class T>
+using Vec16 = VecB<T, 16>;
 template <int B>
 using VecWord = typename std::conditional<B == 16, uint4, uint2>::type;
 template <class T>
