@@ -61,6 +61,21 @@ struct PipeTune {
   static constexpr int VB = 16;  // bytes of a lane's channel vector
 };
 
+// strided_pipe_narrow (16-bit types only): the same pipeline on narrow tiles, 8-byte lane
+// vectors of 4 channels (128 a tile, 64 steps), so twice the chains of PipeTune's tiles and one
+// channel per finisher thread; for short axes and for few chains (section 16).
+template <class T>
+struct NarrowPipeTune {
+  static_assert(sizeof(T) == 2, "narrow tiles are for 16-bit types");
+  static constexpr int SPW = 16, NSLOT = 3, UF = 16, UW = 4, VB = 8;
+};
+
+// The pipe's geometry for a planned algorithm: narrow tiles only for 16-bit types.
+template <class T>
+constexpr bool pipe_is_narrow(int algo) {
+  return sizeof(T) == 2 && algo == kStridedPipeNarrow;
+}
+
 
 // row_stage's geometry (section 9.4: 8 warps x 2 lookback_regs tiles' items per thread,
 // 64 KB of shared memory per block for every dtype); the variant bench times others.
@@ -114,14 +129,31 @@ Plan make_plan(const ScanProblem& p) {
   pl.algo = p.algorithm == kAuto ? resolve_algorithm(p, (int)sizeof(T)) : p.algorithm;
   pl.strided = p.inner > 1;
   if (pl.algo == kStridedStage && !stage_legal<T>(p)) pl.algo = kLookbackRegs;
+  if (pl.algo == kStridedPipeNarrow && sizeof(T) != 2) pl.algo = kStridedPipe;
+  if constexpr (sizeof(T) == 2) {
+    if (pl.algo == kStridedPipeNarrow && !pipe_legal<T, NarrowPipeTune<T>::VB>(p))
+      pl.algo = stage_legal<T>(p) ? kStridedStage : kLookbackRegs;
+  }
   if (pl.algo == kStridedPipe && !pipe_legal<T, PipeTune<T>::VB>(p))
     pl.algo = stage_legal<T>(p) ? kStridedStage : kLookbackRegs;
-  if (pl.algo == kStridedPipe) {
-    const PipeGeom<T, PipeTune<T>::SPW, PipeTune<T>::VB> g(p);
-    pl.nct = g.nct;
-    pl.nchains = g.nchains;
-    pl.nchunks = g.nchunks;
-    pl.total_bytes = g.total();
+  if (pl.algo == kStridedPipe || pl.algo == kStridedPipeNarrow) {
+    size_t own = 0;
+    auto take = [&](const auto& g) {
+      pl.nct = g.nct;
+      pl.nchains = g.nchains;
+      pl.nchunks = g.nchunks;
+      own = g.total();
+    };
+    if constexpr (sizeof(T) == 2) {
+      if (pl.algo == kStridedPipeNarrow) take(PipeGeom<T, NarrowPipeTune<T>::SPW, NarrowPipeTune<T>::VB>(p));
+    }
+    if (pl.algo == kStridedPipe) take(PipeGeom<T, PipeTune<T>::SPW, PipeTune<T>::VB>(p));
+    // A GPU whose blocks cannot have the ring's shared memory runs lookback_regs instead
+    // (device_algorithm), in this same scratch: plan for the larger of the two.
+    ScanProblem q = p;
+    q.algorithm = kLookbackRegs;
+    const size_t fallback = make_plan<T>(q).total_bytes;
+    pl.total_bytes = own > fallback ? own : fallback;
     return pl;
   }
   if (pl.algo == kStridedStage) {
@@ -230,6 +262,13 @@ cudaError_t device_algorithm(int planned, int& algo) {
     err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(fits);
     if (!fits) algo = kLookbackRegs;
   }
+  if constexpr (sizeof(T) == 2) {
+    if (planned == kStridedPipeNarrow) {
+      using TU = NarrowPipeTune<T>;
+      err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(fits);
+      if (!fits) algo = kLookbackRegs;
+    }
+  }
   if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
     if (planned == kRowPipe) {
       using TU = RowPipeTune<T>;
@@ -256,13 +295,19 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     using TU = StageTune<T>;
     return stage_launch<T, TU::NW, TU::SPW, TU::NBUF>(p, scratch, stream);
   }
-  if (pl.algo == kStridedPipe || pl.algo == kRowPipe) {
+  if (pl.algo == kStridedPipe || pl.algo == kStridedPipeNarrow || pl.algo == kRowPipe) {
     int algo = pl.algo;
     const cudaError_t err = device_algorithm<T>(pl.algo, algo);
     if (err != cudaSuccess) return err;
     if (algo == kStridedPipe) {
       using TU = PipeTune<T>;
       return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(p, scratch, stream);
+    }
+    if constexpr (sizeof(T) == 2) {
+      if (algo == kStridedPipeNarrow) {
+        using TU = NarrowPipeTune<T>;
+        return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(p, scratch, stream);
+      }
     }
     if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
       if (algo == kRowPipe) {
@@ -272,11 +317,8 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
       static_assert(RowStageTune<T>::TILE == RowPipeTune<T>::TILE, "the fallback uses row_pipe's status words");
     }
     // A GPU with less shared memory per block than the ring needs (an A100 has 163 KB; not run
-    // on such a GPU here). strided_pipe -> lookback_regs: its status words fit the scratch
-    // planned for the pipe (one 16-byte word per channel and 64-step chunk, over at most as
-    // many channels: 128-channel tiles instead of 256 for 16-bit types), and the scratch XLA
-    // gives is in any case the larger of the aligned plan and the unaligned one, which is
-    // lookback_regs' (ffi_module.cc). row_pipe (192 KB; fp32 224 KB with the staging region of
+    // on such a GPU here). strided_pipe (and _narrow) -> lookback_regs: make_plan sized the
+    // scratch for the larger of the two. row_pipe (192 KB; fp32 224 KB with the staging region of
     // the bulk copies) -> row_stage (64 KB), whose tile (8192 fp32 / 16384 16-bit elements)
     // and one status word per tile are row_pipe's, so the scratch planned here holds its
     // status words. make_plan never plans row_pipe for other types (it plans row_stage).

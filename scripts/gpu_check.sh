@@ -13,7 +13,7 @@
 # (benchmarks/gpu_selective_scan.py; with mamba_ssm when MAMBA_BUILD=path/to/build.sh,
 # an ignored local script, builds it; its code is never part of this repository).
 #   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
-#    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), SAN_ONLY=row_rounds (sanitize one kernel), SAN_TOOLS / SS_SAN_TOOLS="initcheck" (other sanitizer tools), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
+#    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), BIG_FILTER=substring (> 2^31 cases), SAN_ONLY=row_rounds (sanitize one kernel), SAN_TOOLS / SS_SAN_TOOLS="initcheck" (other sanitizer tools), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # sharded_gpu (tests/test_sharded.py on 4 GPUs), sync_overhead (how the host waits for a call).
 # Also: lds (shared-load wavefronts by lane pattern, cuda/tools/lds_wavefronts.cu),
@@ -148,7 +148,7 @@ if has sanitize; then
     TAIL=6 step "sanitize_$tool" ${SAN_LIMIT:-150} compute-sanitizer --tool $tool --error-exitcode 9 "$DRV" tiny ${SAN_ONLY:-}
   done
 fi
-has big && step big 300 "$DRV" big
+has big && step big 300 "$DRV" big ${BIG_FILTER:-}
 has graph && step graph 120 "$DRV" graph 100
 if [[ -n "${PIP_PID:-}" ]]; then
   wait $PIP_PID || status=1

@@ -96,12 +96,16 @@ SHAPES = [
     ((4, 3, 70), 2),       # short rows
     ((520, 64), 1),        # >= 512 rows: auto runs row_walk (16-byte vectors)
     ((600, 37), 1),        # >= 512 rows, L not a multiple of the vector width: row_walk scalars
-    ((2, 700, 264), 1),    # strided, 16-byte vectors for every dtype: auto runs strided_stage
-                           # (11 chunks of 64 steps, a partial channel tile)
+    ((2, 700, 264), 1),    # strided, 16-byte vectors for every dtype: auto runs strided_stage,
+                           # strided_pipe_narrow for bfloat16 / float16 (11 chunks of 64
+                           # steps, a partial channel tile)
     ((1500, 264), 0),      # strided, L > 1024 (24 chunks, a partial last chunk and channel
                            # tile): auto runs strided_pipe for float32 (3 channel tiles),
                            # strided_stage for bfloat16 / float16 (2 tiles of 256)
-    ((1500, 520), 0),      # the same with 3 tiles of 16-bit channels: strided_pipe for all
+    ((1500, 520), 0),      # the same with 3 tiles of 256 16-bit channels: strided_pipe for
+                           # float32, strided_pipe_narrow for 16-bit types
+    ((1200, 1288), 0),     # 6 tiles of 256 16-bit channels: strided_pipe for all
+    ((4, 1, 1028), 1),     # one step: strided_pipe_narrow for 16-bit types (a partial tile)
 ]
 
 
@@ -205,12 +209,13 @@ def test_few_long_rows(dtype, reverse):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_strided_pipe_long_chains(dtype, reverse):
-    """Strided scans with long chains (auto: strided_pipe): 313 chunks of 64 steps on 3-5
-    channel tiles, more tiles than the persistent grid holds, so every block's ring wraps
-    around many times and the look-backs reach back several windows; h0, a_prod, an outer
-    dimension; and channels that are not a multiple of the 16-byte vector (the fallback)."""
+    """Strided scans with long chains (auto: strided_pipe, or strided_pipe_narrow for 16-bit
+    types with at most 4 chains of 256-channel tiles): 313 chunks of 64 steps on 3-6 channel
+    tiles, more tiles than the persistent grid holds, so every block's ring wraps around many
+    times and the look-backs reach back several windows; h0, a_prod, an outer dimension; and
+    channels that are not a multiple of the vector (the fallback)."""
     jdt, tol = DTYPES[dtype]
-    for shape, axis in [((20001, 520), 0), ((3, 3000, 136), 1), ((5000, 130), 0)]:
+    for shape, axis in [((20001, 520), 0), ((3, 3000, 136), 1), ((5000, 130), 0), ((20001, 1288), 0)]:
         a, b, h0 = make(shape, axis, jdt, seed=hash((dtype, reverse, shape)) % 2**32)
         h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
                                                     return_a_prod=True))(a, b, h0)
@@ -276,6 +281,8 @@ def test_auto_runs_the_pipelines():
     assert _cuda.launched_algorithm("bfloat16", 1, 4096, 24576) == 12
     assert _cuda.launched_algorithm("float32", 1, 65536, 256) == 9  # kStridedStage: 2 tiles
     assert _cuda.launched_algorithm("bfloat16", 1, 65536, 512) == 9
+    assert _cuda.launched_algorithm("bfloat16", 1, 65536, 1024) == 14  # kStridedPipeNarrow
+    assert _cuda.launched_algorithm("float16", 2048, 32, 1024) == 14
     assert _cuda.launched_algorithm("float64", 1, 1 << 26, 1) == 11  # kRowStage: no pipeline
 
 
@@ -437,17 +444,22 @@ def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
 
 @needs_extension
 def test_auto_rule_for_long_strided_scans():
-    """"auto" for strided axes longer than 1024 steps (no GPU needed): strided_pipe from 3
-    chains of channel tiles (outer x tiles of 128 fp32 / 256 16-bit channels), strided_stage
-    for 1-2 chains (measured faster there, cuda/dispatch.cc); 8-byte types lookback_regs."""
+    """"auto" for strided axes (no GPU needed): for axes longer than 1024 steps, strided_pipe
+    from 3 chains of channel tiles (outer x tiles of 128 fp32 / 256 16-bit channels),
+    strided_stage for 1-2 chains (measured faster there, cuda/dispatch.cc); 16-bit types with
+    3-4 such chains, or any axis of at most 1024 steps and 3 chains of 128-channel tiles, the
+    narrow pipe; 8-byte types lookback_regs."""
     from jax_selscan import _cuda
-    PIPE, STAGE, REGS = 12, 9, 5  # cuda/linear_scan.h
+    PIPE, STAGE, REGS, NARROW = 12, 9, 5, 14  # cuda/linear_scan.h
     r = _cuda.resolve_algorithm
     assert r(1, 65536, 256) == STAGE and r(1, 65536, 257) == PIPE  # fp32: 2 tiles / 3 tiles
     assert r(2, 5000, 128) == STAGE and r(3, 5000, 128) == PIPE  # outer rows count as chains
-    assert r(1, 65536, 512, elem_bytes=2) == STAGE and r(1, 65536, 513, elem_bytes=2) == PIPE
+    assert r(1, 65536, 512, elem_bytes=2) == STAGE and r(1, 65536, 513, elem_bytes=2) == NARROW
+    assert r(1, 65536, 1024, elem_bytes=2) == NARROW and r(1, 65536, 1025, elem_bytes=2) == PIPE
     assert r(1, 4096, 24576) == PIPE and r(1, 4096, 24576, elem_bytes=2) == PIPE
-    assert r(1, 1024, 256) == STAGE and r(1, 1024, 24576) == STAGE  # L <= 1024: as before
+    assert r(1, 1024, 256) == STAGE and r(1, 1024, 24576) == STAGE  # fp32, L <= 1024: the stage
+    assert r(2048, 32, 1024, elem_bytes=2) == NARROW and r(1, 1024, 24576, elem_bytes=2) == NARROW
+    assert r(1, 1024, 256, elem_bytes=2) == STAGE and r(1, 1024, 257, elem_bytes=2) == NARROW
     assert r(1, 65536, 256, elem_bytes=8) == REGS and r(1, 65536, 4096, elem_bytes=8) == REGS
 
 
@@ -465,6 +477,11 @@ def test_cuda_scratch_sizes():
     # strided, L > 1024 (auto: strided_pipe): one 16-byte status word per channel and 64-step tile
     assert q("float32", 1, 3000, 512, False, 0) >= 16 * 512 * -(-3000 // 64)
     assert q("bfloat16", 1, 3000, 1024, False, 0) >= 16 * 1024 * -(-3000 // 64)
+    # ... and lookback_regs, which runs in that scratch where a GPU cannot hold a pipe's ring
+    # (the narrow pipe for 16-bit types at these shapes, the 256-channel one at (3000, 2048))
+    for dtype, (L, C) in [("float32", (3000, 512)), ("bfloat16", (65536, 1024)), ("float16", (2000, 4100)),
+                          ("bfloat16", (3000, 2048)), ("float16", (32, 1028))]:
+        assert q(dtype, 1, L, C, False, 0) >= q(dtype, 1, L, C, False, ALGOS.index("lookback_regs")) > 0
     # few long fp32 rows (auto: row_pipe): one 16-byte status word per 8192-element tile
     assert _cuda.resolve_algorithm(1, 1 << 26, 1) == 13  # kRowPipe (cuda/linear_scan.h)
     assert _cuda.resolve_algorithm(1024, 1 << 16, 1) == 7  # kRowWalk from 1024 rows

@@ -26,7 +26,9 @@
 
 static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
                                "lookback_regs", "hillis_steele", "row_walk", "strided_walk",
-                               "strided_stage", "row_rounds", "row_stage", "strided_pipe", "row_pipe"};
+                               "strided_stage", "row_rounds", "row_stage", "strided_pipe", "row_pipe",
+                               "strided_pipe_narrow"};
+static_assert(sizeof(kNames) / sizeof(kNames[0]) == jss::kNumInternal, "a name for every kernel family");
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double urand() {
@@ -165,7 +167,9 @@ static int check_pipelines_run() {
                   {"bf16 1 x 2^26", jss::DType::BF16, 1, 1 << 26, 1, jss::kRowPipe},
                   {"f16 64 x 2^20", jss::DType::F16, 64, 1 << 20, 1, jss::kRowPipe},
                   {"f32 (4096, 24576) axis 0", jss::DType::F32, 1, 4096, 24576, jss::kStridedPipe},
-                  {"bf16 (4096, 24576) axis 0", jss::DType::BF16, 1, 4096, 24576, jss::kStridedPipe}};
+                  {"bf16 (4096, 24576) axis 0", jss::DType::BF16, 1, 4096, 24576, jss::kStridedPipe},
+                  {"bf16 (65536, 1024) axis 0", jss::DType::BF16, 1, 65536, 1024, jss::kStridedPipeNarrow},
+                  {"f16 (2048, 32, 1024) axis 1", jss::DType::F16, 2048, 32, 1024, jss::kStridedPipeNarrow}};
   int fails = 0;
   for (const K& k : ks) {
     jss::ScanProblem p;
@@ -190,7 +194,9 @@ static int mode_check(bool quick, bool tiny = false) {
   // two rounds, a row starting inside the first round, a partial last round
   if (!quick) shapes.push_back({2, 600000, 1});
   // strided_pipe: 118 chunks of 64 steps on 33 (fp32) or 17 (bf16) chains, a partial last chunk
-  if (!quick && g_only_algo == jss::kStridedPipe) shapes.push_back({1, 7501, 4224});
+  // (strided_pipe_narrow: 33 chains of 128 channels, the last one partial)
+  if (!quick && (g_only_algo == jss::kStridedPipe || g_only_algo == jss::kStridedPipeNarrow))
+    shapes.push_back({1, 7501, 4224});
   // row_pipe: 184 (fp32) / 92 (bf16) tiles on one row, more than the 128-word window and
   // than the ring slots of the resident blocks; 70000 steps: a partial last tile
   if (!quick && g_only_algo == jss::kRowPipe) {
@@ -203,7 +209,8 @@ static int mode_check(bool quick, bool tiny = false) {
   if (tiny && g_only_algo == jss::kRowStage) shapes.push_back({2, 40000, 1});  // 5 tiles a row
   // strided_pipe: more tiles than ring slots x resident blocks on one chain (a block's ring
   // wraps around several times, the look-back window moves back), a partial last chunk
-  if (tiny && g_only_algo == jss::kStridedPipe) shapes.push_back({1, 30001, 264});
+  if (tiny && (g_only_algo == jss::kStridedPipe || g_only_algo == jss::kStridedPipeNarrow))
+    shapes.push_back({1, 30001, 264});
   // row_pipe: 5 tiles a row, and 135 fp32 tiles on one row (past the window, rings wrap)
   if (tiny && g_only_algo == jss::kRowPipe) {
     shapes.push_back({2, 40000, 1});
@@ -276,6 +283,9 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"strided L=65536 C=1024", 1, 65536, 1024, jss::kStridedPipe},
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedPipe},
       {"strided L=2^20 C=256", 1, 1 << 20, 256, jss::kStridedPipe},  // 2 chains of 16384 tiles
+      {"strided L=65536 C=1024 bf16", 1, 65536, 1024, jss::kStridedPipeNarrow, true},
+      {"strided L=2^20 C=256 bf16", 1, 1 << 20, 256, jss::kStridedPipeNarrow, true},  // 2 chains
+      {"strided 2048x32x1024 bf16 auto", 2048, 32, 1024, jss::kAuto, true},  // auto: the narrow pipe
       {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kRowPipe},
       {"contiguous 100x2^18", 100, 1 << 18, 1, jss::kRowPipe},
       {"contiguous 256x65536", 256, 65536, 1, jss::kRowPipe},
@@ -392,7 +402,7 @@ static int mode_graph(int runs) {
 
 // > 2^31 elements: check windows against a float64 recurrence started 400 steps earlier
 // from 0 (a < 0.9, so the neglected history weighs < 0.9^400).
-static int mode_big() {
+static int mode_big(const std::string& filter) {
   int fails = 0;
   struct B { const char* what; int64_t o, L, i; int algo = jss::kAuto; bool bf16 = false; };
   // (one row of 2^31 + 2^20 + 4: a multiple of 4, so auto runs row_stage's 16-byte vectors)
@@ -400,10 +410,13 @@ static int mode_big() {
                           {"contiguous rows 2048 x (2^20+4)", 2048, (1 << 20) + 4, 1},
                           {"strided (L=2^17+1, C=16388) axis 0", 1, (1 << 17) + 1, 16388},
                           {"contiguous 1 x (2^31+2^20+4) row_pipe", 1, (1ll << 31) + (1 << 20) + 4, 1, jss::kRowPipe},
+                          {"strided (L=2^17+1, C=16388) narrow bf16", 1, (1 << 17) + 1, 16388,
+                           jss::kStridedPipeNarrow, true},
                           // the 16-bit re-walk (L a multiple of 8: 16-byte vectors of bf16)
                           {"contiguous 1 x (2^31+2^20+8) row_pipe bf16", 1, (1ll << 31) + (1 << 20) + 8, 1,
                            jss::kRowPipe, true}};
   for (auto& c : cases) {
+    if (!filter.empty() && std::string(c.what).find(filter) == std::string::npos) continue;
     const int64_t n = c.o * c.L * c.i;
     float *a, *b, *h0, *h;
     CK(cudaMalloc(&a, n * 4)); CK(cudaMalloc(&b, n * 4)); CK(cudaMalloc(&h, n * 4));
@@ -480,7 +493,7 @@ int main(int argc, char** argv) {
   if (mode == "quick") return mode_check(true);
   if (mode == "tiny") return mode_check(true, true);
   if (mode == "determinism") return mode_determinism(argc > 2 ? std::atoi(argv[2]) : 500, argc > 3 ? argv[3] : "");
-  if (mode == "big") return mode_big();
+  if (mode == "big") return mode_big(argc > 2 ? argv[2] : "");  // big [substring of the case names]
   if (mode == "graph") return mode_graph(argc > 2 ? std::atoi(argv[2]) : 100);
   std::printf("unknown mode %s\n", mode.c_str());
   return 2;

@@ -284,6 +284,10 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"tile_lb_256x16_minb4", [&] { tile_opt<T, 256, 64 / sizeof(T), CARRY_LB_WARP, 4, 0>(p, scratch); }});
     vs.push_back({"tile_lb_512x16_minb2", [&] { tile_opt<T, 512, 64 / sizeof(T), CARRY_LB_WARP, 2, 0>(p, scratch); }});
   } else if (s.i > 1) {
+    // the package's strided kernel families, as auto would launch them
+    vs.push_back({"strided_stage", named(kStridedStage)});
+    vs.push_back({"strided_pipe", named(kStridedPipe)});
+    if (sizeof(T) == 2) vs.push_back({"strided_pipe_narrow", named(kStridedPipeNarrow)});
     vs.push_back({"stage_w8s8_b1", [&] { stage<T, 8, 8, 1>(p, scratch); }});
     vs.push_back({"stage_w8s4_b1", [&] { stage<T, 8, 4, 1>(p, scratch); }});
     vs.push_back({"stage_w8s12_b1", [&] { stage<T, 8, 12, 1>(p, scratch); }});
@@ -410,8 +414,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "VB_SHAPES: '%s' is not outer:L:inner\n", one.c_str());
         return 2;
       }
-      names.push_back(i > 1 ? "(" + std::to_string(l) + ", " + std::to_string(i) + ") ax0"
-                            : std::to_string(o) + " x " + std::to_string(l));
+      const std::string li = std::to_string(l) + ", " + std::to_string(i);
+      names.push_back(i == 1 ? std::to_string(o) + " x " + std::to_string(l)
+                             : o == 1 ? "(" + li + ") ax0" : "(" + std::to_string(o) + ", " + li + ") ax1");
       shapes.push_back({names.back().c_str(), o, l, i});
     }
   }
