@@ -59,20 +59,21 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    From 3 chains the pipeline: fp32 (65536, 512) 66% vs 55%, (32768, 512) 59% vs 50%;
   //    bf16 (65536, 768) 45% vs 39%; (4096, 4096) 70% vs 52% fp32, 45% vs 35% bf16.
   //  * 16-bit types, narrow tiles (session 42, variant bench on an H100, % of its 3000 GB/s
-  //    copy, section 16: strided_pipe_narrow = 128-channel tiles of 64 steps): L <= 1024, bf16
-  //    (2048, 32, 1024) axis 1 69% vs strided_stage 45% (the 256-channel pipe 60%), (1024,
-  //    1024) 13-15% either way; longer axes with 3-4 chains of 256-channel tiles, (65536, 1024)
-  //    71% vs 67%; more chains keep the wide tiles ((16384, 4096) 76% vs 78%, (4096, 24576)
-  //    81% vs 88%). Like strided_pipe, from 3 chains (of narrow tiles).
+  //    copy, section 16: strided_pipe_narrow = 128-channel tiles of 64 steps for L <= 1024, of
+  //    128 steps beyond). L <= 1024, from 3 chains of 128-channel tiles: bf16 (2048, 32, 1024)
+  //    axis 1 70% vs strided_stage 45% (the 256-channel pipe 60%), (64, 1024, 2048) axis 1 79%
+  //    vs 60%, (8192, 64, 512) axis 1 87% vs 77%, (1024, 1024) 13-14% either way. L > 1024 with
+  //    3-8 chains of 128-channel tiles (the 128-step tiles): (65536, 512) 65% vs strided_stage
+  //    48%, (65536, 768) 72% vs the 256-channel pipe 60%, (65536, 1024) 75% vs 68%; with more
+  //    chains the wide tiles stay ((32768, 2048) 76% either way, (4096, 24576) 88% vs 78%).
   const int64_t narrow_chains = p.outer * ((p.inner + 127) / 128);
+  if (elem_bytes == 2 && narrow_chains >= 3 && (p.L <= 1024 || narrow_chains <= 8)) return kStridedPipeNarrow;
   if (p.L > 1024 && elem_bytes <= 4) {
     const int64_t cw = 512 / elem_bytes;  // channels of a tile: 32 lanes x 16 bytes (StageCfg<T>::CW)
     const int64_t chains = p.outer * ((p.inner + cw - 1) / cw);
-    if (chains <= 2) return kStridedStage;
-    return elem_bytes == 2 && chains <= 4 ? kStridedPipeNarrow : kStridedPipe;
+    return chains > 2 ? kStridedPipe : kStridedStage;
   }
-  if (elem_bytes == 2) return narrow_chains > 2 ? kStridedPipeNarrow : kStridedStage;
-  if (elem_bytes == 4 && p.L <= 1024) return kStridedStage;
+  if (elem_bytes == 2 || (elem_bytes == 4 && p.L <= 1024)) return kStridedStage;
   return kLookbackRegs;
 }
 

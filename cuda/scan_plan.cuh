@@ -62,18 +62,20 @@ struct PipeTune {
 };
 
 // strided_pipe_narrow (16-bit types only): the same pipeline on narrow tiles, 8-byte lane
-// vectors of 4 channels (128 a tile, 64 steps), so twice the chains of PipeTune's tiles and one
-// channel per finisher thread; for short axes and for few chains (section 16).
-template <class T>
+// vectors of 4 channels (128 a tile), so twice the chains of PipeTune's tiles and one channel
+// per finisher thread (section 16). Axes longer than 1024 steps take tiles of 128 steps (TALL:
+// the bytes of a wide tile), shorter ones of 64 (a 128-step tile of a 32-step axis is mostly
+// empty); each measured the faster where it runs.
+template <class T, bool TALL>
 struct NarrowPipeTune {
   static_assert(sizeof(T) == 2, "narrow tiles are for 16-bit types");
-  static constexpr int SPW = 16, NSLOT = 3, UF = 16, UW = 4, VB = 8;
+  static constexpr int SPW = TALL ? 32 : 16, NSLOT = 3, UF = SPW, UW = 4, VB = 8;
 };
 
-// The pipe's geometry for a planned algorithm: narrow tiles only for 16-bit types.
-template <class T>
-constexpr bool pipe_is_narrow(int algo) {
-  return sizeof(T) == 2 && algo == kStridedPipeNarrow;
+// f(NarrowPipeTune<T, TALL>{}) with the geometry of this problem
+template <class T, class F>
+auto with_narrow_tune(const ScanProblem& p, F&& f) {
+  return p.L > 1024 ? f(NarrowPipeTune<T, true>{}) : f(NarrowPipeTune<T, false>{});
 }
 
 
@@ -131,7 +133,7 @@ Plan make_plan(const ScanProblem& p) {
   if (pl.algo == kStridedStage && !stage_legal<T>(p)) pl.algo = kLookbackRegs;
   if (pl.algo == kStridedPipeNarrow && sizeof(T) != 2) pl.algo = kStridedPipe;
   if constexpr (sizeof(T) == 2) {
-    if (pl.algo == kStridedPipeNarrow && !pipe_legal<T, NarrowPipeTune<T>::VB>(p))
+    if (pl.algo == kStridedPipeNarrow && !pipe_legal<T, NarrowPipeTune<T, true>::VB>(p))
       pl.algo = stage_legal<T>(p) ? kStridedStage : kLookbackRegs;
   }
   if (pl.algo == kStridedPipe && !pipe_legal<T, PipeTune<T>::VB>(p))
@@ -145,7 +147,8 @@ Plan make_plan(const ScanProblem& p) {
       own = g.total();
     };
     if constexpr (sizeof(T) == 2) {
-      if (pl.algo == kStridedPipeNarrow) take(PipeGeom<T, NarrowPipeTune<T>::SPW, NarrowPipeTune<T>::VB>(p));
+      if (pl.algo == kStridedPipeNarrow)
+        with_narrow_tune<T>(p, [&](auto tu) { take(PipeGeom<T, decltype(tu)::SPW, decltype(tu)::VB>(p)); });
     }
     if (pl.algo == kStridedPipe) take(PipeGeom<T, PipeTune<T>::SPW, PipeTune<T>::VB>(p));
     // A GPU whose blocks cannot have the ring's shared memory runs lookback_regs instead
@@ -253,7 +256,7 @@ size_t scratch_bytes_t(const ScanProblem& p) {
 // on it, and launched_algorithm (a test hook: a fallback is correct, so only this can show
 // that the fast kernel runs) reports it.
 template <class T>
-cudaError_t device_algorithm(int planned, int& algo) {
+cudaError_t device_algorithm(const ScanProblem& p, int planned, int& algo) {
   algo = planned;
   bool fits = true;
   cudaError_t err = cudaSuccess;
@@ -264,8 +267,10 @@ cudaError_t device_algorithm(int planned, int& algo) {
   }
   if constexpr (sizeof(T) == 2) {
     if (planned == kStridedPipeNarrow) {
-      using TU = NarrowPipeTune<T>;
-      err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(fits);
+      err = with_narrow_tune<T>(p, [&](auto tu) {
+        using TU = decltype(tu);
+        return pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(fits);
+      });
       if (!fits) algo = kLookbackRegs;
     }
   }
@@ -281,7 +286,7 @@ cudaError_t device_algorithm(int planned, int& algo) {
 
 template <class T>
 cudaError_t launched_algorithm_t(const ScanProblem& p, int& algo) {
-  return device_algorithm<T>(make_plan<T>(p).algo, algo);
+  return device_algorithm<T>(p, make_plan<T>(p).algo, algo);
 }
 
 template <class T>
@@ -297,17 +302,18 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   }
   if (pl.algo == kStridedPipe || pl.algo == kStridedPipeNarrow || pl.algo == kRowPipe) {
     int algo = pl.algo;
-    const cudaError_t err = device_algorithm<T>(pl.algo, algo);
+    const cudaError_t err = device_algorithm<T>(p, pl.algo, algo);
     if (err != cudaSuccess) return err;
     if (algo == kStridedPipe) {
       using TU = PipeTune<T>;
       return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(p, scratch, stream);
     }
     if constexpr (sizeof(T) == 2) {
-      if (algo == kStridedPipeNarrow) {
-        using TU = NarrowPipeTune<T>;
-        return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(p, scratch, stream);
-      }
+      if (algo == kStridedPipeNarrow)
+        return with_narrow_tune<T>(p, [&](auto tu) {
+          using TU = decltype(tu);
+          return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(p, scratch, stream);
+        });
     }
     if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
       if (algo == kRowPipe) {

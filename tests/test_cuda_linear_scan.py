@@ -101,10 +101,9 @@ SHAPES = [
                            # steps, a partial channel tile)
     ((1500, 264), 0),      # strided, L > 1024 (24 chunks, a partial last chunk and channel
                            # tile): auto runs strided_pipe for float32 (3 channel tiles),
-                           # strided_stage for bfloat16 / float16 (2 tiles of 256)
-    ((1500, 520), 0),      # the same with 3 tiles of 256 16-bit channels: strided_pipe for
-                           # float32, strided_pipe_narrow for 16-bit types
-    ((1200, 1288), 0),     # 6 tiles of 256 16-bit channels: strided_pipe for all
+                           # strided_pipe_narrow for bfloat16 / float16 (3 tiles of 128)
+    ((1500, 250), 0),      # 2 tiles of 128 16-bit channels: strided_stage for 16-bit types
+    ((1200, 1288), 0),     # 11 tiles of 128 16-bit channels: strided_pipe for all
     ((4, 1, 1028), 1),     # one step: strided_pipe_narrow for 16-bit types (a partial tile)
 ]
 
@@ -210,7 +209,7 @@ def test_few_long_rows(dtype, reverse):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_strided_pipe_long_chains(dtype, reverse):
     """Strided scans with long chains (auto: strided_pipe, or strided_pipe_narrow for 16-bit
-    types with at most 4 chains of 256-channel tiles): 313 chunks of 64 steps on 3-6 channel
+    types with at most 8 chains of 128-channel tiles): 313 chunks of 64 steps on 3-6 channel
     tiles, more tiles than the persistent grid holds, so every block's ring wraps around many
     times and the look-backs reach back several windows; h0, a_prod, an outer dimension; and
     channels that are not a multiple of the vector (the fallback)."""
@@ -280,7 +279,7 @@ def test_auto_runs_the_pipelines():
     assert _cuda.launched_algorithm("float32", 1, 4096, 24576) == 12  # kStridedPipe
     assert _cuda.launched_algorithm("bfloat16", 1, 4096, 24576) == 12
     assert _cuda.launched_algorithm("float32", 1, 65536, 256) == 9  # kStridedStage: 2 tiles
-    assert _cuda.launched_algorithm("bfloat16", 1, 65536, 512) == 9
+    assert _cuda.launched_algorithm("bfloat16", 1, 65536, 256) == 9
     assert _cuda.launched_algorithm("bfloat16", 1, 65536, 1024) == 14  # kStridedPipeNarrow
     assert _cuda.launched_algorithm("float16", 2048, 32, 1024) == 14
     assert _cuda.launched_algorithm("float64", 1, 1 << 26, 1) == 11  # kRowStage: no pipeline
@@ -446,16 +445,17 @@ def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
 def test_auto_rule_for_long_strided_scans():
     """"auto" for strided axes (no GPU needed): for axes longer than 1024 steps, strided_pipe
     from 3 chains of channel tiles (outer x tiles of 128 fp32 / 256 16-bit channels),
-    strided_stage for 1-2 chains (measured faster there, cuda/dispatch.cc); 16-bit types with
-    3-4 such chains, or any axis of at most 1024 steps and 3 chains of 128-channel tiles, the
-    narrow pipe; 8-byte types lookback_regs."""
+    strided_stage for 1-2 chains (measured faster there, cuda/dispatch.cc); 16-bit types the
+    narrow pipe from 3 chains of 128-channel tiles, up to 8 of them for axes longer than 1024
+    steps, any number for shorter ones; 8-byte types lookback_regs."""
     from jax_selscan import _cuda
     PIPE, STAGE, REGS, NARROW = 12, 9, 5, 14  # cuda/linear_scan.h
     r = _cuda.resolve_algorithm
     assert r(1, 65536, 256) == STAGE and r(1, 65536, 257) == PIPE  # fp32: 2 tiles / 3 tiles
     assert r(2, 5000, 128) == STAGE and r(3, 5000, 128) == PIPE  # outer rows count as chains
-    assert r(1, 65536, 512, elem_bytes=2) == STAGE and r(1, 65536, 513, elem_bytes=2) == NARROW
+    assert r(1, 65536, 256, elem_bytes=2) == STAGE and r(1, 65536, 257, elem_bytes=2) == NARROW
     assert r(1, 65536, 1024, elem_bytes=2) == NARROW and r(1, 65536, 1025, elem_bytes=2) == PIPE
+    assert r(2, 5000, 512, elem_bytes=2) == NARROW and r(3, 5000, 512, elem_bytes=2) == PIPE
     assert r(1, 4096, 24576) == PIPE and r(1, 4096, 24576, elem_bytes=2) == PIPE
     assert r(1, 1024, 256) == STAGE and r(1, 1024, 24576) == STAGE  # fp32, L <= 1024: the stage
     assert r(2048, 32, 1024, elem_bytes=2) == NARROW and r(1, 1024, 24576, elem_bytes=2) == NARROW

@@ -15,6 +15,7 @@ subset (each option on and off in every direction, each layout on both B and C).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -89,9 +90,26 @@ def cotangents(seed, x, direction, last, act):
     return dout, {"forward": lf, "reverse": lr, "bidirectional": (lf, lr)}[direction]
 
 
+def _pull(fn, present, direction, softplus, last):
+    """The jitted VJP of `fn` over the operands `present`, the cotangents as arguments."""
+    def pull(args, ct):
+        def f(*a):
+            return fn(**dict(zip(present, a)), delta_softplus=softplus, return_last_state=last,
+                      direction=direction)
+        _, vjp = jax.vjp(f, *args)
+        return vjp(ct)
+    return jax.jit(pull)
+
+
+# The float64 reference's VJP, one jitted function per configuration, so that the tests of one
+# shape share its compilation (seconds each). Not the kernels': tests monkeypatch what their
+# tracing reads (ssp.ckpt_row_for), so each of their calls traces anew.
+_ref_pull = functools.lru_cache(maxsize=None)(functools.partial(_pull, selective_scan_ref))
+
+
 def grads(fn, x, dtypes, dout, dlast, direction, softplus, compute):
     """(gradients of the present operands in NAMES order, the jitted function's HLO)."""
-    present = [k for k in NAMES if x[k] is not None]
+    present = tuple(k for k in NAMES if x[k] is not None)
     cast = (lambda k, v: jnp.asarray(v, dtypes[k])) if compute is None else \
         (lambda k, v: jnp.asarray(v, compute))
     args = [cast(k, x[k]) for k in present]
@@ -99,19 +117,12 @@ def grads(fn, x, dtypes, dout, dlast, direction, softplus, compute):
     last_dt = np.float32 if compute is None else compute
     ct_out = jnp.asarray(dout, out_dt)
     ct_last = None if dlast is None else jax.tree.map(lambda v: jnp.asarray(v, last_dt), dlast)
-
-    def f(*a):
-        kw = dict(zip(present, a))
-        return fn(**kw, delta_softplus=softplus, return_last_state=dlast is not None,
-                  direction=direction)
-
-    def pull(*a):
-        _, vjp = jax.vjp(f, *a)
-        return vjp(ct_out if ct_last is None else (ct_out, ct_last))
-
-    j = jax.jit(pull)
-    hlo = j.lower(*args).as_text() if compute is None else ""
-    return dict(zip(present, j(*args))), hlo
+    last = dlast is not None
+    j = _ref_pull(present, direction, softplus, last) if fn is selective_scan_ref else \
+        _pull(fn, present, direction, softplus, last)
+    ct = ct_out if ct_last is None else (ct_out, ct_last)
+    hlo = j.lower(args, ct).as_text() if compute is None else ""
+    return dict(zip(present, j(args, ct))), hlo
 
 
 def check(seed, direction, *, softplus=True, last=True, **kw):
