@@ -64,11 +64,13 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    axis 1 70% vs strided_stage 45% (the 256-channel pipe 60%), (64, 1024, 2048) axis 1 79%
   //    vs 60%, (8192, 64, 512) axis 1 87% vs 77%, (1024, 1024) 13-14% either way. L > 1024 with
   //    3-8 chains of 128-channel tiles (the 128-step tiles, measured as the variant
-  //    pipe_v8_s32_n3_f32w4; auto with this rule not yet run on a GPU, section 16.3): (65536, 512) 65% vs strided_stage
-  //    48%, (65536, 768) 72% vs the 256-channel pipe 60%, (65536, 1024) 75% vs 68%; with more
-  //    chains the wide tiles stay ((32768, 2048) 76% either way, (4096, 24576) 88% vs 78%).
+  //    pipe_v8_s32_n3_f32w4; auto with this rule not yet run on a GPU, section 16.3):
+  //    (65536, 512) 65% vs strided_stage 48%, (65536, 768) 72% vs the 256-channel pipe 60%,
+  //    (65536, 1024) 75% vs 68%; with more chains the wide tiles stay ((32768, 2048) 76% either
+  //    way, (4096, 24576) 88% vs 78%).
   const int64_t narrow_chains = p.outer * ((p.inner + 127) / 128);
-  if (elem_bytes == 2 && narrow_chains >= 3 && (p.L <= 1024 || narrow_chains <= 8)) return kStridedPipeNarrow;
+  if (elem_bytes == 2 && narrow_chains >= 3 && (p.L <= 1024 || narrow_chains <= 8))
+    return kStridedPipeNarrow;
   if (p.L > 1024 && elem_bytes <= 4) {
     const int64_t cw = 512 / elem_bytes;  // channels of a tile: 32 lanes x 16 bytes (StageCfg<T>::CW)
     const int64_t chains = p.outer * ((p.inner + cw - 1) / cw);
