@@ -42,7 +42,7 @@ core=("$src/driver.cc" "$src/dispatch.cc" "$src/selective_scan_cpu.cc" "$src/sel
 $CXX "${flags[@]}" -pthread "$here/test_selective_scan.cc" "${core[@]}" "${objs[@]}" -o "$out/test_selective_scan"
 $CXX "${flags[@]}" -pthread "$here/test_exp2_ulp.cc" "${core[@]}" "${objs[@]}" -o "$out/test_exp2_ulp"
 if [[ $arm == 1 ]]; then
-  "${runner[@]}" "$out/test_selective_scan" --quick
+  JSS_TEST_ISAS="${JSS_TEST_ISAS-neon}" "${runner[@]}" "$out/test_selective_scan" --quick  # NEON only
   "${runner[@]}" "$out/test_exp2_ulp" --stride "${EXP2_STRIDE:-997}"
 else
   "$out/test_selective_scan"

@@ -739,6 +739,10 @@ int main(int argc, char** argv) {
                         Case{2, 2, 2, 6, 1, 2, false, false, true, true, false, true, F, F}})
     check_reference_bwd(c, 99);
   for (const KernelTable* k : supported_kernel_tables()) {
+    if (!test::isa_selected(k->name)) {
+      std::printf("%-8s not tested (JSS_TEST_ISAS)\n", k->name);
+      continue;
+    }
     const SsTable* t = ss_table_named(k->name);
     if (t == nullptr) { CHECK(false, "no selective-scan table for %s", k->name); continue; }
     const int before = g_failures;

@@ -3,7 +3,9 @@
 #pragma once
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,6 +34,16 @@ class ThreadExecutor final : public Executor {
  private:
   int n_;
 };
+
+// Whether to test the ISA `name`: all of them, or those JSS_TEST_ISAS lists (comma-separated).
+// The qemu runs test only NEON: on aarch64 the portable kernels are a fallback that no CPU
+// selects (every aarch64 CPU has NEON), and their arithmetic is tested natively on x86-64;
+// under emulation they would double the run.
+inline bool isa_selected(const char* name) {
+  const char* only = std::getenv("JSS_TEST_ISAS");
+  if (only == nullptr || only[0] == '\0') return true;
+  return ("," + std::string(only) + ",").find("," + std::string(name) + ",") != std::string::npos;
+}
 
 }  // namespace test
 }  // namespace jax_selscan
