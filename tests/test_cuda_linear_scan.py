@@ -478,7 +478,8 @@ def test_cuda_scratch_sizes():
     assert q("float32", 1, 3000, 512, False, 0) >= 16 * 512 * -(-3000 // 64)
     assert q("bfloat16", 1, 3000, 1024, False, 0) >= 16 * 1024 * -(-3000 // 64)
     # ... and lookback_regs, which runs in that scratch where a GPU cannot hold a pipe's ring
-    # (the narrow pipe for 16-bit types at these shapes, the 256-channel one at (3000, 2048))
+    # (auto: the fp32 pipe, the narrow 16-bit pipe of 128- and 64-step tiles, the wide 16-bit
+    # pipe at (3000, 2048), and lookback_regs itself at 4100 half-precision channels)
     for dtype, (L, C) in [("float32", (3000, 512)), ("bfloat16", (65536, 1024)), ("float16", (2000, 4100)),
                           ("bfloat16", (3000, 2048)), ("float16", (32, 1028))]:
         assert q(dtype, 1, L, C, False, 0) >= q(dtype, 1, L, C, False, ALGOS.index("lookback_regs")) > 0
