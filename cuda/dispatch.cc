@@ -68,6 +68,7 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    (65536, 512) 65% vs strided_stage 48%, (65536, 768) 72% vs the 256-channel pipe 60%,
   //    (65536, 1024) 75% vs 68%; with more chains the wide tiles stay ((32768, 2048) 76% either
   //    way, (4096, 24576) 88% vs 78%).
+  // channels of a narrow tile: 32 lanes x 8 bytes of 16-bit values (NarrowPipeTune::VB)
   const int64_t narrow_chains = p.outer * ((p.inner + 127) / 128);
   if (elem_bytes == 2 && narrow_chains >= 3 && (p.L <= 1024 || narrow_chains <= 8))
     return kStridedPipeNarrow;
