@@ -78,6 +78,17 @@ auto with_narrow_tune(const ScanProblem& p, F&& f) {
   return p.L > 1024 ? f(NarrowPipeTune<T, true>{}) : f(NarrowPipeTune<T, false>{});
 }
 
+// f(tune) with the tuning of the pipeline `algo` (kStridedPipe, or kStridedPipeNarrow for
+// 16-bit types) for this problem: the one place that maps a pipe algorithm to its kernel's
+// template arguments, for make_plan, device_algorithm and launch_t alike.
+template <class T, class F>
+auto with_pipe_tune(const ScanProblem& p, int algo, F&& f) {
+  if constexpr (sizeof(T) == 2) {
+    if (algo == kStridedPipeNarrow) return with_narrow_tune<T>(p, f);
+  }
+  return f(PipeTune<T>{});
+}
+
 
 // row_stage's geometry (section 9.4: 8 warps x 2 lookback_regs tiles' items per thread,
 // 64 KB of shared memory per block for every dtype); the variant bench times others.
@@ -146,11 +157,7 @@ Plan make_plan(const ScanProblem& p) {
       pl.nchunks = g.nchunks;
       own = g.total();
     };
-    if constexpr (sizeof(T) == 2) {
-      if (pl.algo == kStridedPipeNarrow)
-        with_narrow_tune<T>(p, [&](auto tu) { take(PipeGeom<T, decltype(tu)::SPW, decltype(tu)::VB>(p)); });
-    }
-    if (pl.algo == kStridedPipe) take(PipeGeom<T, PipeTune<T>::SPW, PipeTune<T>::VB>(p));
+    with_pipe_tune<T>(p, pl.algo, [&](auto tu) { take(PipeGeom<T, decltype(tu)::SPW, decltype(tu)::VB>(p)); });
     // A GPU whose blocks cannot have the ring's shared memory runs lookback_regs instead
     // (device_algorithm), in this same scratch: plan for the larger of the two.
     ScanProblem q = p;
@@ -260,19 +267,12 @@ cudaError_t device_algorithm(const ScanProblem& p, int planned, int& algo) {
   algo = planned;
   bool fits = true;
   cudaError_t err = cudaSuccess;
-  if (planned == kStridedPipe) {
-    using TU = PipeTune<T>;
-    err = pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(fits);
+  if (planned == kStridedPipe || planned == kStridedPipeNarrow) {
+    err = with_pipe_tune<T>(p, planned, [&](auto tu) {
+      using TU = decltype(tu);
+      return pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(fits);
+    });
     if (!fits) algo = kLookbackRegs;
-  }
-  if constexpr (sizeof(T) == 2) {
-    if (planned == kStridedPipeNarrow) {
-      err = with_narrow_tune<T>(p, [&](auto tu) {
-        using TU = decltype(tu);
-        return pipe_fits_device<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(fits);
-      });
-      if (!fits) algo = kLookbackRegs;
-    }
   }
   if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
     if (planned == kRowPipe) {
@@ -304,17 +304,11 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     int algo = pl.algo;
     const cudaError_t err = device_algorithm<T>(p, pl.algo, algo);
     if (err != cudaSuccess) return err;
-    if (algo == kStridedPipe) {
-      using TU = PipeTune<T>;
-      return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(p, scratch, stream);
-    }
-    if constexpr (sizeof(T) == 2) {
-      if (algo == kStridedPipeNarrow)
-        return with_narrow_tune<T>(p, [&](auto tu) {
-          using TU = decltype(tu);
-          return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(p, scratch, stream);
-        });
-    }
+    if (algo == kStridedPipe || algo == kStridedPipeNarrow)
+      return with_pipe_tune<T>(p, algo, [&](auto tu) {
+        using TU = decltype(tu);
+        return pipe_launch<T, TU::SPW, TU::NSLOT, TU::UF, TU::UW, TU::VB>(p, scratch, stream);
+      });
     if constexpr (std::is_same<T, float>::value || sizeof(T) == 2) {
       if (algo == kRowPipe) {
         using TU = RowPipeTune<T>;
