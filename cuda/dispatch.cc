@@ -63,19 +63,25 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    128 steps beyond). L <= 1024, from 3 chains of 128-channel tiles: bf16 (2048, 32, 1024)
   //    axis 1 70% vs strided_stage 45% (the 256-channel pipe 60%), (64, 1024, 2048) axis 1 79%
   //    vs 60%, (8192, 64, 512) axis 1 87% vs 77%, (1024, 1024) 13-14% either way. L > 1024 with
-  //    3-8 chains of 128-channel tiles (the 128-step tiles, measured as the variant
-  //    pipe_v8_s32_n3_f32w4; auto with this rule not yet run on a GPU, section 16.3):
-  //    (65536, 512) 65% vs strided_stage 48%, (65536, 768) 72% vs the 256-channel pipe 60%,
-  //    (65536, 1024) 75% vs 68%; with more chains the wide tiles stay ((32768, 2048) 76% either
-  //    way, (4096, 24576) 88% vs 78%).
-  // channels of a narrow tile: 32 lanes x 8 bytes of 16-bit values (NarrowPipeTune::VB)
-  const int64_t narrow_chains = p.outer * ((p.inner + 127) / 128);
-  if (elem_bytes == 2 && narrow_chains >= 3 && (p.L <= 1024 || narrow_chains <= 8))
+  //    3-8 chains of 128-channel tiles (the 128-step tiles; auto with them in section 16.3):
+  //    (65536, 512) 65% vs strided_stage 48%, (65536, 768) 71% vs the 256-channel pipe 60%,
+  //    (65536, 1024) 74% vs 67%; with more chains the wide tiles stay ((32768, 2048) 75-76%
+  //    either way, (4096, 24576) 88% vs 79%).
+  //  * narrow tiles at few chains (session 43, section 16.3's run, the variant
+  //    pipe_v8_s32_n3_f32w4; auto with them in section 16.4): L > 1024, 2 chains of 128-channel
+  //    16-bit tiles, bf16 (65536, 256) 44% vs strided_stage 38%; fp32 on 64-channel
+  //    tiles (8-byte vectors of 2 floats, 128 steps) where the wide tiles make at most 2 chains,
+  //    (65536, 256) 70% vs strided_stage 58%. With more wide chains fp32 keeps the wide pipe
+  //    ((65536, 512) 80% vs 79%, (65536, 1024) 86% vs 90%).
+  // channels of a narrow tile: 32 lanes x 8 bytes (NarrowPipeTune::VB)
+  const int64_t narrow_chains = p.outer * ((p.inner + 32 * 8 / elem_bytes - 1) / (32 * 8 / elem_bytes));
+  if (elem_bytes == 2 && (p.L <= 1024 ? narrow_chains >= 3 : narrow_chains >= 2 && narrow_chains <= 8))
     return kStridedPipeNarrow;
   if (p.L > 1024 && elem_bytes <= 4) {
     const int64_t cw = 512 / elem_bytes;  // channels of a tile: 32 lanes x 16 bytes (StageCfg<T>::CW)
     const int64_t chains = p.outer * ((p.inner + cw - 1) / cw);
-    return chains > 2 ? kStridedPipe : kStridedStage;
+    if (chains > 2) return kStridedPipe;
+    return elem_bytes == 4 && narrow_chains >= 2 ? kStridedPipeNarrow : kStridedStage;
   }
   if (elem_bytes == 2 || (elem_bytes == 4 && p.L <= 1024)) return kStridedStage;
   return kLookbackRegs;

@@ -28,7 +28,7 @@ enum Algorithm : int {
   kRowStage = 11,     // contiguous, few long rows: lookback_regs' tile staged in shared memory
   kStridedPipe = 12,  // strided: strided_stage's tile in a persistent warp-specialised pipeline
   kRowPipe = 13,      // contiguous, few long fp32 rows: tiles scanned in place in that kind of pipeline
-  kStridedPipeNarrow = 14,  // strided, 16-bit types: strided_pipe on tiles of 128 channels, not 256
+  kStridedPipeNarrow = 14,  // strided, 16-bit types and fp32: strided_pipe on 8-byte vectors (tiles of 128 / 64 channels)
   kNumInternal = 15,
 };
 

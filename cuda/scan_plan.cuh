@@ -61,15 +61,19 @@ struct PipeTune {
   static constexpr int VB = 16;  // bytes of a lane's channel vector
 };
 
-// strided_pipe_narrow (16-bit types only): the same pipeline on narrow tiles, 8-byte lane
-// vectors of 4 channels (128 a tile), so twice the chains of PipeTune's tiles and one channel
-// per finisher thread (section 16). Axes longer than 1024 steps take tiles of 128 steps (TALL:
+// strided_pipe_narrow (16-bit types and fp32): the same pipeline on narrow tiles, 8-byte lane
+// vectors (4 16-bit or 2 fp32 channels: tiles of 128 or 64), so twice the chains of PipeTune's
+// tiles (section 16). 16-bit types: axes longer than 1024 steps take tiles of 128 steps (TALL:
 // the bytes of a wide tile), shorter ones of 64 (a 128-step tile of a 32-step axis is mostly
-// empty); each measured the faster where it runs.
+// empty); each measured the faster where it runs. fp32 runs it only on long axes (auto, section
+// 16.4), so it has one geometry, the tall one, and one kernel.
+template <class T>
+inline constexpr bool kHasNarrowPipe = sizeof(T) == 2 || std::is_same<T, float>::value;
+
 template <class T, bool TALL>
 struct NarrowPipeTune {
-  static_assert(sizeof(T) == 2, "narrow tiles are for 16-bit types");
-  static constexpr int SPW = TALL ? 32 : 16, NSLOT = 3, UF = SPW, UW = 4, VB = 8;
+  static_assert(kHasNarrowPipe<T>, "narrow tiles are for 16-bit types and fp32");
+  static constexpr int SPW = TALL || sizeof(T) == 4 ? 32 : 16, NSLOT = 3, UF = SPW, UW = 4, VB = 8;
 };
 
 // f(NarrowPipeTune<T, TALL>{}) with the geometry of this problem
@@ -79,11 +83,11 @@ auto with_narrow_tune(const ScanProblem& p, F&& f) {
 }
 
 // f(tune) with the tuning of the pipeline `algo` (kStridedPipe, or kStridedPipeNarrow for
-// 16-bit types) for this problem: the one place that maps a pipe algorithm to its kernel's
+// 16-bit types and fp32) for this problem: the one place that maps a pipe algorithm to its kernel's
 // template arguments, for make_plan, device_algorithm and launch_t alike.
 template <class T, class F>
 auto with_pipe_tune(const ScanProblem& p, int algo, F&& f) {
-  if constexpr (sizeof(T) == 2) {
+  if constexpr (kHasNarrowPipe<T>) {
     if (algo == kStridedPipeNarrow) return with_narrow_tune<T>(p, f);
   }
   return f(PipeTune<T>{});
@@ -142,8 +146,8 @@ Plan make_plan(const ScanProblem& p) {
   pl.algo = p.algorithm == kAuto ? resolve_algorithm(p, (int)sizeof(T)) : p.algorithm;
   pl.strided = p.inner > 1;
   if (pl.algo == kStridedStage && !stage_legal<T>(p)) pl.algo = kLookbackRegs;
-  if (pl.algo == kStridedPipeNarrow && sizeof(T) != 2) pl.algo = kStridedPipe;
-  if constexpr (sizeof(T) == 2) {
+  if (pl.algo == kStridedPipeNarrow && !kHasNarrowPipe<T>) pl.algo = kStridedPipe;
+  if constexpr (kHasNarrowPipe<T>) {
     if (pl.algo == kStridedPipeNarrow && !pipe_legal<T, NarrowPipeTune<T, true>::VB>(p))
       pl.algo = stage_legal<T>(p) ? kStridedStage : kLookbackRegs;
   }

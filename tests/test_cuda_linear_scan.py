@@ -102,7 +102,10 @@ SHAPES = [
     ((1500, 264), 0),      # strided, L > 1024 (24 chunks, a partial last chunk and channel
                            # tile): auto runs strided_pipe for float32 (3 channel tiles),
                            # strided_pipe_narrow for bfloat16 / float16 (3 tiles of 128)
-    ((1500, 250), 0),      # 2 tiles of 128 16-bit channels: strided_stage for 16-bit types
+    ((1500, 252), 0),      # 2 wide channel tiles: strided_pipe_narrow for fp32 and 16-bit
+                           # types (4 fp32 tiles of 64 channels, 2 16-bit ones of 128; the
+                           # last one partial)
+    ((1500, 64), 0),       # one narrow channel tile: strided_stage
     ((1200, 1288), 0),     # 11 tiles of 128 16-bit channels: strided_pipe for all
     ((4, 1, 1028), 1),     # one step: strided_pipe_narrow for 16-bit types (a partial tile)
 ]
@@ -209,7 +212,8 @@ def test_few_long_rows(dtype, reverse):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_strided_pipe_long_chains(dtype, reverse):
     """Strided scans with long chains (auto: strided_pipe, or strided_pipe_narrow for 16-bit
-    types with at most 8 chains of 128-channel tiles): 313 chunks of 64 steps on 3-6 channel
+    types with at most 8 chains of 128-channel tiles and for fp32 at (5000, 130), 2 wide tiles
+    and 3 narrow ones): 313 chunks of 64 steps on 3-6 channel
     tiles, more tiles than the persistent grid holds, so every block's ring wraps around many
     times and the look-backs reach back several windows; h0, a_prod, an outer dimension; and
     channels that are not a multiple of the vector (the fallback)."""
@@ -226,12 +230,13 @@ def test_strided_pipe_long_chains(dtype, reverse):
 @gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_strided_stage_few_long_chains(dtype, reverse):
-    """Long strided scans on at most 2 channel tiles (auto: strided_stage, which beats the
-    pipeline there): 313 chunks of 64 steps on 1-2 tiles, one with an outer dimension and a
-    partial tile; h0 and a_prod."""
+def test_strided_few_long_chains(dtype, reverse):
+    """Long strided scans on at most 2 wide channel tiles (auto: the narrow pipe from 2 narrow
+    tiles of 64 fp32 / 128 16-bit channels, strided_stage on one): up to 157 chunks of 128 steps on
+    2-4 narrow tiles, one with an outer dimension and a partial tile, and 313 chunks of 64
+    steps on one tile (fp32 at 64 channels, 16-bit types at 64 and 128); h0 and a_prod."""
     jdt, tol = DTYPES[dtype]
-    for shape, axis in [((20001, 256), 0), ((2, 5000, 120), 1)]:
+    for shape, axis in [((20001, 256), 0), ((2, 5000, 120), 1), ((20001, 64), 0), ((20001, 128), 0)]:
         a, b, h0 = make(shape, axis, jdt, seed=hash((dtype, reverse, shape, "stage")) % 2**32)
         h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
                                                     return_a_prod=True))(a, b, h0)
@@ -278,9 +283,10 @@ def test_auto_runs_the_pipelines():
     assert _cuda.launched_algorithm("float16", 64, 1 << 20, 1) == 13
     assert _cuda.launched_algorithm("float32", 1, 4096, 24576) == 12  # kStridedPipe
     assert _cuda.launched_algorithm("bfloat16", 1, 4096, 24576) == 12
-    assert _cuda.launched_algorithm("float32", 1, 65536, 256) == 9  # kStridedStage: 2 tiles
-    assert _cuda.launched_algorithm("bfloat16", 1, 65536, 256) == 9
-    assert _cuda.launched_algorithm("bfloat16", 1, 65536, 1024) == 14  # kStridedPipeNarrow
+    assert _cuda.launched_algorithm("float32", 1, 65536, 64) == 9  # kStridedStage: 1 narrow tile
+    assert _cuda.launched_algorithm("float32", 1, 65536, 256) == 14  # kStridedPipeNarrow
+    assert _cuda.launched_algorithm("bfloat16", 1, 65536, 256) == 14
+    assert _cuda.launched_algorithm("bfloat16", 1, 65536, 1024) == 14
     assert _cuda.launched_algorithm("float16", 2048, 32, 1024) == 14
     assert _cuda.launched_algorithm("float64", 1, 1 << 26, 1) == 11  # kRowStage: no pipeline
 
@@ -444,20 +450,25 @@ def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
 @needs_extension
 def test_auto_rule_for_long_strided_scans():
     """"auto" for strided axes (no GPU needed): for axes longer than 1024 steps, strided_pipe
-    from 3 chains of channel tiles (outer x tiles of 128 fp32 / 256 16-bit channels),
-    strided_stage for 1-2 chains (measured faster there, cuda/dispatch.cc); 16-bit types the
-    narrow pipe from 3 chains of 128-channel tiles, up to 8 of them for axes longer than 1024
-    steps, any number for shorter ones; 8-byte types lookback_regs."""
+    from 3 chains of channel tiles (outer x tiles of 128 fp32 / 256 16-bit channels); at 1-2
+    such chains the narrow pipe (tiles of 64 fp32 / 128 16-bit channels) from 2 narrow chains,
+    strided_stage below (measured faster there, cuda/dispatch.cc); 16-bit types the narrow
+    pipe also from 3 up to 8 chains of 128-channel tiles on long axes, and from 3 on any number
+    for axes of at most 1024 steps; 8-byte types lookback_regs."""
     from jax_selscan import _cuda
     PIPE, STAGE, REGS, NARROW = 12, 9, 5, 14  # cuda/linear_scan.h
     r = _cuda.resolve_algorithm
-    assert r(1, 65536, 256) == STAGE and r(1, 65536, 257) == PIPE  # fp32: 2 tiles / 3 tiles
-    assert r(2, 5000, 128) == STAGE and r(3, 5000, 128) == PIPE  # outer rows count as chains
-    assert r(1, 65536, 256, elem_bytes=2) == STAGE and r(1, 65536, 257, elem_bytes=2) == NARROW
+    # fp32, L > 1024: 2 wide tiles -> the narrow pipe (4 narrow tiles); 3 wide tiles -> the pipe
+    assert r(1, 65536, 256) == NARROW and r(1, 65536, 257) == PIPE
+    assert r(1, 65536, 65) == NARROW and r(1, 65536, 64) == STAGE  # 2 / 1 narrow tiles
+    assert r(2, 5000, 32) == NARROW and r(3, 5000, 128) == PIPE  # outer rows count as chains
+    # 16-bit, L > 1024: the narrow pipe from 2 to 8 chains of 128 channels
+    assert r(1, 65536, 128, elem_bytes=2) == STAGE and r(1, 65536, 129, elem_bytes=2) == NARROW
     assert r(1, 65536, 1024, elem_bytes=2) == NARROW and r(1, 65536, 1025, elem_bytes=2) == PIPE
     assert r(2, 5000, 512, elem_bytes=2) == NARROW and r(3, 5000, 512, elem_bytes=2) == PIPE
     assert r(1, 4096, 24576) == PIPE and r(1, 4096, 24576, elem_bytes=2) == PIPE
-    assert r(1, 1024, 256) == STAGE and r(1, 1024, 24576) == STAGE  # fp32, L <= 1024: the stage
+    # L <= 1024: fp32 the stage; 16-bit the narrow pipe from 3 chains of 128 channels
+    assert r(1, 1024, 256) == STAGE and r(1, 1024, 24576) == STAGE and r(1, 1024, 64) == STAGE
     assert r(2048, 32, 1024, elem_bytes=2) == NARROW and r(1, 1024, 24576, elem_bytes=2) == NARROW
     assert r(1, 1024, 256, elem_bytes=2) == STAGE and r(1, 1024, 257, elem_bytes=2) == NARROW
     assert r(1, 65536, 256, elem_bytes=8) == REGS and r(1, 65536, 4096, elem_bytes=8) == REGS
@@ -478,10 +489,11 @@ def test_cuda_scratch_sizes():
     assert q("float32", 1, 3000, 512, False, 0) >= 16 * 512 * -(-3000 // 64)
     assert q("bfloat16", 1, 3000, 1024, False, 0) >= 16 * 1024 * -(-3000 // 64)
     # ... and lookback_regs, which runs in that scratch where a GPU cannot hold a pipe's ring
-    # (auto: the fp32 pipe, the narrow 16-bit pipe of 128- and 64-step tiles, the wide 16-bit
-    # pipe at (3000, 2048), and lookback_regs itself at 4100 half-precision channels)
-    for dtype, (L, C) in [("float32", (3000, 512)), ("bfloat16", (65536, 1024)), ("float16", (2000, 4100)),
-                          ("bfloat16", (3000, 2048)), ("float16", (32, 1028))]:
+    # (auto: the fp32 pipe, the narrow fp32 pipe, the narrow 16-bit pipe of 128- and 64-step
+    # tiles, the wide 16-bit pipe at (3000, 2048), and lookback_regs itself at 4100
+    # half-precision channels)
+    for dtype, (L, C) in [("float32", (3000, 512)), ("float32", (3000, 256)), ("bfloat16", (65536, 1024)),
+                          ("float16", (2000, 4100)), ("bfloat16", (3000, 2048)), ("float16", (32, 1028))]:
         assert q(dtype, 1, L, C, False, 0) >= q(dtype, 1, L, C, False, ALGOS.index("lookback_regs")) > 0
     # few long fp32 rows (auto: row_pipe): one 16-byte status word per 8192-element tile
     assert _cuda.resolve_algorithm(1, 1 << 26, 1) == 13  # kRowPipe (cuda/linear_scan.h)

@@ -169,6 +169,8 @@ static int check_pipelines_run() {
                   {"f32 (4096, 24576) axis 0", jss::DType::F32, 1, 4096, 24576, jss::kStridedPipe},
                   {"bf16 (4096, 24576) axis 0", jss::DType::BF16, 1, 4096, 24576, jss::kStridedPipe},
                   {"bf16 (65536, 1024) axis 0", jss::DType::BF16, 1, 65536, 1024, jss::kStridedPipeNarrow},
+                  {"f32 (65536, 256) axis 0", jss::DType::F32, 1, 65536, 256, jss::kStridedPipeNarrow},
+                  {"bf16 (65536, 256) axis 0", jss::DType::BF16, 1, 65536, 256, jss::kStridedPipeNarrow},
                   {"f16 (2048, 32, 1024) axis 1", jss::DType::F16, 2048, 32, 1024, jss::kStridedPipeNarrow}};
   int fails = 0;
   for (const K& k : ks) {
@@ -286,6 +288,7 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"strided L=65536 C=1024 bf16", 1, 65536, 1024, jss::kStridedPipeNarrow, true},
       {"strided L=2^20 C=256 bf16", 1, 1 << 20, 256, jss::kStridedPipeNarrow, true},  // 2 chains
       {"strided 2048x32x1024 bf16 auto", 2048, 32, 1024, jss::kAuto, true},  // auto: the narrow pipe
+      {"strided L=2^20 C=256 f32", 1, 1 << 20, 256, jss::kStridedPipeNarrow},  // 4 chains of 64 channels
       {"contiguous 1x2^24", 1, 1 << 24, 1, jss::kRowPipe},
       {"contiguous 100x2^18", 100, 1 << 18, 1, jss::kRowPipe},
       {"contiguous 256x65536", 256, 65536, 1, jss::kRowPipe},
@@ -412,6 +415,8 @@ static int mode_big(const std::string& filter) {
                           {"contiguous 1 x (2^31+2^20+4) row_pipe", 1, (1ll << 31) + (1 << 20) + 4, 1, jss::kRowPipe},
                           {"strided (L=2^17+1, C=16388) narrow bf16", 1, (1 << 17) + 1, 16388,
                            jss::kStridedPipeNarrow, true},
+                          {"strided (L=2^17+1, C=16388) narrow f32", 1, (1 << 17) + 1, 16388,
+                           jss::kStridedPipeNarrow},
                           // the 16-bit re-walk (L a multiple of 8: 16-byte vectors of bf16)
                           {"contiguous 1 x (2^31+2^20+8) row_pipe bf16", 1, (1ll << 31) + (1 << 20) + 8, 1,
                            jss::kRowPipe, true}};
