@@ -67,12 +67,13 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    (65536, 512) 65% vs strided_stage 48%, (65536, 768) 71% vs the 256-channel pipe 60%,
   //    (65536, 1024) 74% vs 67%; with more chains the wide tiles stay ((32768, 2048) 75-76%
   //    either way, (4096, 24576) 88% vs 79%).
-  //  * narrow tiles at few chains (session 43, section 16.3's run, the variant
-  //    pipe_v8_s32_n3_f32w4; auto with them in section 16.4): L > 1024, 2 chains of 128-channel
-  //    16-bit tiles, bf16 (65536, 256) 44% vs strided_stage 38%; fp32 on 64-channel
-  //    tiles (8-byte vectors of 2 floats, 128 steps) where the wide tiles make at most 2 chains,
-  //    (65536, 256) 70% vs strided_stage 58%. With more wide chains fp32 keeps the wide pipe
-  //    ((65536, 512) 80% vs 79%, (65536, 1024) 86% vs 90%).
+  //  * narrow tiles at few chains (session 43, section 16.4, auto vs strided_stage): L > 1024,
+  //    2 chains of 128-channel 16-bit tiles, bf16 (65536, 256) 44% vs 38%; fp32 on 64-channel
+  //    tiles (8-byte vectors of 2 floats, 128 steps) where the wide tiles make at most 2 chains
+  //    and the narrow ones at least 2: (65536, 256) 69% vs 57%, (65536, 128) 46% vs 42%,
+  //    (16384, 256) 42% either way, (8192, 128) 19% vs 22% (launch-bound, about 4 us). One
+  //    narrow chain stays staged ((65536, 64) fp32 25% vs 26%). With more wide chains fp32 keeps
+  //    the wide pipe (narrow vs wide: (65536, 512) 79% vs 77%, (65536, 1024) 85% vs 90%).
   // channels of a narrow tile: 32 lanes x 8 bytes (NarrowPipeTune::VB)
   const int64_t narrow_chains = p.outer * ((p.inner + 32 * 8 / elem_bytes - 1) / (32 * 8 / elem_bytes));
   if (elem_bytes == 2 && (p.L <= 1024 ? narrow_chains >= 3 : narrow_chains >= 2 && narrow_chains <= 8))
