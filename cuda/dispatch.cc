@@ -71,7 +71,7 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    2 chains of 128-channel 16-bit tiles, bf16 (65536, 256) 44% vs 38%; fp32 on 64-channel
   //    tiles (8-byte vectors of 2 floats, 128 steps) where the wide tiles make at most 2 chains
   //    and the narrow ones at least 2: (65536, 256) 69% vs 57%, (65536, 128) 46% vs 42%,
-  //    (16384, 256) 42% either way, (8192, 128) 19% vs 22% (launch-bound, about 4 us). One
+  //    (16384, 256) 42% either way, (8192, 128) 19% vs 22% (1 M elements, about 20 us). One
   //    narrow chain stays staged ((65536, 64) fp32 25% vs 26%). With more wide chains fp32 keeps
   //    the wide pipe (narrow vs wide: (65536, 512) 79% vs 77%, (65536, 1024) 85% vs 90%).
   // channels of a narrow tile: 32 lanes x 8 bytes (NarrowPipeTune::VB)

@@ -449,12 +449,13 @@ def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
 
 @needs_extension
 def test_auto_rule_for_long_strided_scans():
-    """"auto" for strided axes (no GPU needed): for axes longer than 1024 steps, strided_pipe
-    from 3 chains of channel tiles (outer x tiles of 128 fp32 / 256 16-bit channels); at 1-2
-    such chains the narrow pipe (tiles of 64 fp32 / 128 16-bit channels) from 2 narrow chains,
-    strided_stage below (measured faster there, cuda/dispatch.cc); 16-bit types the narrow
-    pipe also from 3 up to 8 chains of 128-channel tiles on long axes, and from 3 on any number
-    for axes of at most 1024 steps; 8-byte types lookback_regs."""
+    """"auto" for strided axes (no GPU needed; the measurements behind it are in
+    cuda/dispatch.cc). A chain is one channel tile of one outer row: wide tiles hold 128 fp32 /
+    256 16-bit channels, narrow ones 64 / 128. Axes longer than 1024 steps: fp32 the wide pipe
+    from 3 wide chains, else the narrow pipe from 2 narrow chains, else strided_stage; 16-bit
+    types the narrow pipe from 2 to 8 narrow chains, the wide pipe beyond, strided_stage on one.
+    Axes of at most 1024 steps: fp32 strided_stage; 16-bit types the narrow pipe from 3 narrow
+    chains, else strided_stage. 8-byte types: lookback_regs."""
     from jax_selscan import _cuda
     PIPE, STAGE, REGS, NARROW = 12, 9, 5, 14  # cuda/linear_scan.h
     r = _cuda.resolve_algorithm
