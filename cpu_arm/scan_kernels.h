@@ -119,10 +119,12 @@ struct Scan {
   }
 
   // ---- state of sequences i0 .. i0+cnt-1 (cnt <= kVW) as one vector -----------
+  // (the loops clamp cnt to kVW: callers never pass more, and the bound lets GCC see that
+  // the stack buffers are not overrun, where it warned at -O3)
   static void init_state(const ScanTask& t, int64_t i0, int64_t cnt, V* h, V* p) {
     alignas(64) L hb[kLanes], pb[kLanes];
     for (int i = 0; i < kLanes; ++i) { hb[i] = L(0); pb[i] = one_lane(i); }
-    for (int64_t e = 0; e < cnt; ++e) {
+    for (int64_t e = 0; e < cnt && e < kVW; ++e) {
       const int64_t slot = t.slot0 + (i0 + e) * t.slot_stride;
       if (t.mode == Mode::kScan && t.h0 != nullptr) {
         Info::to_lanes(static_cast<const T*>(t.h0) + slot, 1, hb + e * kPer);
@@ -141,7 +143,7 @@ struct Scan {
     alignas(64) L hb[kLanes], pb[kLanes];
     simd::store(hb, h);
     simd::store(pb, p);
-    for (int64_t e = 0; e < cnt; ++e) {
+    for (int64_t e = 0; e < cnt && e < kVW; ++e) {
       const int64_t slot = t.slot0 + (i0 + e) * t.slot_stride;
       for (int k = 0; k < kPer; ++k) {
         static_cast<L*>(t.st_h)[slot * kPer + k] = hb[e * kPer + k];
