@@ -201,6 +201,8 @@ def _recognise(fn, tree, trace_avals):
     shapes = [tuple(t.shape) for t in trace_avals]
     full = tuple(int(d) for d in np.broadcast_shapes(*shapes))
     interp = _Interpreter(full)
+    interp.complex_syms = frozenset(
+        sym for sym, t in enumerate(list(trace_avals) * 2) if np.dtype(t.dtype).kind == "c")
     ins = []
     for sym, t in enumerate(list(trace_avals) * 2):
         dmap = tuple(d if n > 1 else None for d, n in enumerate(t.shape))
@@ -292,10 +294,17 @@ _CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpo
           "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
 
+# Symbols of the real and imaginary parts of a complex input s: s + _RE, s + _IM. Newer jax
+# (0.12.1) writes real * complex as complex(real * real(z), real * imag(z)) rather than
+# converting the real operand; the parts let that be proven the same product.
+_RE, _IM = 1000, 2000   # multiples of _RE: s % _RE is the input of any symbol s
+
+
 class _Interpreter:
     def __init__(self, full):
         self.full = full
         self.varying = []   # per input id: the full-shape dims along which it varies
+        self.complex_syms = frozenset()   # input ids of complex dtype
 
     def run(self, jaxpr, consts, args):
         env = {}
@@ -367,6 +376,16 @@ class _Interpreter:
             if new != x.dtype and (x.dtype.name, new.name) not in _WIDENING:
                 raise _Reject("lossy conversion")
             return [_Val(x.poly, x.dmap, x.shape, new)]
+        if name in ("real", "imag"):
+            (x,) = ins
+            return [self.elementwise(self.part(x.poly, _RE if name == "real" else _IM), ins, out_aval)]
+        if name == "complex":
+            if len(ins) != 2:
+                raise _Reject("arity")
+            re, im = (self.unpart(x.poly, off) for x, off in zip(ins, (_RE, _IM)))
+            if re != im:
+                raise _Reject("complex of parts of different values")
+            return [self.elementwise(re, ins, out_aval)]
         if name in _IDENTITY:
             return list(ins)
         if name == "broadcast_in_dim":
@@ -386,6 +405,32 @@ class _Interpreter:
         if name in _CALLS:
             return self.call(name, params, ins)
         raise _Reject(f"primitive {name}")
+
+    def part(self, poly, off):
+        """real (off=_RE) or imag (_IM) of poly, where every monomial is one complex input
+        times real factors with a real coefficient: that input replaced by its part."""
+        out = {}
+        for m, c in poly.items():
+            cs = [x for x in m if x in self.complex_syms]
+            if len(cs) != 1:
+                raise _Reject("real/imag of a value not linear in one complex input")
+            rest = list(m)
+            rest.remove(cs[0])
+            out[_mono(*rest, cs[0] + off)] = c
+        return out
+
+    @staticmethod
+    def unpart(poly, off):
+        """The inverse of part: every monomial must hold exactly one part symbol, of kind off."""
+        out = {}
+        for m, c in poly.items():
+            ps = [x for x in m if x >= _RE]
+            if len(ps) != 1 or not off <= ps[0] < off + (_IM - _RE):
+                raise _Reject("complex of values that are not parts of complex inputs")
+            rest = list(m)
+            rest.remove(ps[0])
+            out[_mono(*rest, ps[0] - off)] = c
+        return out
 
     def call(self, name, params, ins):
         sub = params.get("jaxpr", params.get("call_jaxpr", params.get("fun_jaxpr")))
@@ -493,4 +538,4 @@ class _Interpreter:
         if any(u >= v for u, v in zip(used, used[1:])):
             return False
         used = set(used)
-        return all(self.varying[s] <= used for m in poly for s in m)
+        return all(self.varying[s % _RE] <= used for m in poly for s in m)  # a part varies as its input

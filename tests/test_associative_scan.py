@@ -221,6 +221,45 @@ def test_real_a_complex_b(reverse):
     assert p.dtype == jnp.float32 and h.dtype == jnp.complex64
 
 
+def parts_op(q_i, q_j):                    # real a, complex b, b's product written by parts
+    A_i, b_i = q_i
+    A_j, b_j = q_j
+    return A_j * A_i, jax.lax.complex(A_j * jnp.real(b_i), A_j * jnp.imag(b_i)) + b_j
+
+
+def parts_swapped_op(q_i, q_j):            # the parts exchanged: conj(i * b), not a * b
+    A_i, b_i = q_i
+    A_j, b_j = q_j
+    return A_j * A_i, jax.lax.complex(A_j * jnp.imag(b_i), A_j * jnp.real(b_i)) + b_j
+
+
+def parts_of_two_op(q_i, q_j):             # real part of b_i, imaginary part of b_j
+    A_i, b_i = q_i
+    A_j, b_j = q_j
+    return A_j * A_i, jax.lax.complex(A_j * jnp.real(b_i), A_j * jnp.imag(b_j)) + b_j
+
+
+def parts_dropped_op(q_i, q_j):            # the imaginary part of b_i lost
+    A_i, b_i = q_i
+    A_j, b_j = q_j
+    return A_j * A_i, jax.lax.complex(A_j * jnp.real(b_i), A_j * 0 * jnp.imag(b_i)) + b_j
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_complex_product_written_by_parts(reverse):
+    """real * complex as complex(a * real(b), a * imag(b)) (how jax 0.12.1 lowers a * b with
+    a real and b complex) is the affine combine; exchanged parts, parts of two different
+    values or a lost part are not, and go to lax."""
+    rng = np.random.default_rng(6)
+    a, _ = make_inputs(rng, (10, 4), jnp.float32)
+    _, b = make_inputs(rng, (10, 4), jnp.complex64)
+    check_affine(parts_op, "ab", a, b, 0, reverse, False, "complex64")
+    for fn in (parts_swapped_op, parts_of_two_op, parts_dropped_op):
+        got, want = run_both(fn, (a, b), False, reverse=reverse)
+        jax.tree_util.tree_map(np.testing.assert_array_equal, got, want)
+        assert PRIM not in jaxpr_text(fn, (a, b), reverse=reverse), fn.__name__
+
+
 @pytest.mark.parametrize("use_jit", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_broadcast_a(reverse, use_jit):
