@@ -200,11 +200,10 @@ def _recognise(fn, tree, trace_avals):
         return None
     shapes = [tuple(t.shape) for t in trace_avals]
     full = tuple(int(d) for d in np.broadcast_shapes(*shapes))
-    interp = _Interpreter(full)
-    interp.complex_syms = frozenset(
-        sym for sym, t in enumerate(list(trace_avals) * 2) if np.dtype(t.dtype).kind == "c")
+    syms = list(trace_avals) * 2   # input ids: a1, b1, a2, b2 in leaf order
+    interp = _Interpreter(full, frozenset(i for i, t in enumerate(syms) if np.dtype(t.dtype).kind == "c"))
     ins = []
-    for sym, t in enumerate(list(trace_avals) * 2):
+    for sym, t in enumerate(syms):
         dmap = tuple(d if n > 1 else None for d, n in enumerate(t.shape))
         interp.varying.append(frozenset(d for d in dmap if d is not None))
         ins.append(_Val({(sym,): 1}, dmap, tuple(t.shape), np.dtype(t.dtype)))
@@ -301,10 +300,10 @@ _RE, _IM = 1000, 2000   # multiples of _RE: s % _RE is the input of any symbol s
 
 
 class _Interpreter:
-    def __init__(self, full):
+    def __init__(self, full, complex_syms=frozenset()):
         self.full = full
         self.varying = []   # per input id: the full-shape dims along which it varies
-        self.complex_syms = frozenset()   # input ids of complex dtype
+        self.complex_syms = complex_syms   # input ids of complex dtype
 
     def run(self, jaxpr, consts, args):
         env = {}
