@@ -77,6 +77,9 @@ def main():
     ap.add_argument("--calls", type=int, default=5, help="calls per Python thread per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pin", action="store_true", help="pin the kernel's k worker threads, one per CPU")
+    ap.add_argument("--grad", action="store_true", help="time forward + backward instead")
+    ap.add_argument("--also-env", default="", metavar="NAME=VALUE",
+                    help="each round also accounts the k-thread kernel with this variable set (read per call)")
     args = ap.parse_args()
     import jax
     import jax.numpy as jnp
@@ -89,7 +92,9 @@ def main():
     if d % k:
         raise SystemExit(f"--threads {k} must divide D = {d}")
     x = mamba_inputs(b, d, l, n)
-    fn = jax.jit(lambda x: selective_scan(**x, delta_softplus=True, direction="forward"))
+    fwd = lambda x: selective_scan(**x, delta_softplus=True, direction="forward")  # noqa: E731
+    # --grad: forward + backward (the gradients of every input: the backward's outputs too)
+    fn = jax.jit(jax.grad(lambda x: jnp.sum(fwd(x) ** 2)) if args.grad else fwd)
     per_channel = {"A", "D", "delta_bias"}  # leading axis D; u, delta, z: (b, D, L); B, C shared
     s = d // k
     shares = [{key: jnp.array(v[i * s:(i + 1) * s] if key in per_channel else
@@ -124,6 +129,17 @@ def main():
         print(f"round {rnd}: kernel, {k} threads: {median_ms(lambda: fn(x)):.2f} ms", flush=True)
         print(f"round {rnd}: kernel, {k} threads, accounted over 10 calls: "
               + describe(account(lambda: fn(x), 10)), flush=True)
+        if args.also_env:
+            name, value = args.also_env.split("=", 1)
+            old = os.environ.get(name)
+            os.environ[name] = value
+            jax.block_until_ready(fn(x))
+            print(f"round {rnd}: kernel, {k} threads, {name}={value}, accounted over 10 calls: "
+                  + describe(account(lambda: fn(x), 10)), flush=True)
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
         os.environ["JAX_SELSCAN_CPU_THREADS"] = "1"
         print(f"round {rnd}: kernel, 1 thread, accounted over 2 calls: "
               + describe(account(lambda: fn(x), 2)), flush=True)

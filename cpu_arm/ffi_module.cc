@@ -8,9 +8,6 @@
 // Work runs on XLA's intra-op thread pool (ffi::ThreadPool): the calling
 // thread plus at most num_threads - 1 pool tasks, so a call never uses more
 // threads than the pool has.
-#if defined(__linux__)
-#include <sys/mman.h>  // madvise
-#endif
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -92,13 +89,13 @@ ffi::Error run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a, const ffi::AnyBuf
   args.reverse = reverse;
   if (args.outer == 0 || args.length == 0 || args.inner == 0) return ffi::Error::Success();
 
-  advise_huge_pages(args.h, h->size_bytes());
-  if (args.a_prod != nullptr) advise_huge_pages(args.a_prod, a_prod->size_bytes());
-
   std::string error;
   const KernelTable* kernels = select_kernel_table(&error);
   if (kernels == nullptr) return ffi::Error::InvalidArgument(where + error);
   PoolExecutor executor(pool);
+  // (A buffer of 4 MiB holds far more than kMinParallelElements: the kernel runs threaded too.)
+  prepare_output(args.h, h->size_bytes(), executor);
+  if (args.a_prod != nullptr) prepare_output(args.a_prod, a_prod->size_bytes(), executor);
   try {
     linear_scan_cpu(args, *kernels, executor);
   } catch (const std::bad_alloc&) {

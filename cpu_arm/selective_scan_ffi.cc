@@ -171,9 +171,9 @@ ffi::Error SelectiveScanCommon(ffi::ThreadPool& pool, ffi::AnyBuffer u, ffi::Any
   std::string error;
   const SsTable* table = select_ss_table(&error);
   if (table == nullptr) return bad(error);
-  advise_huge_pages(p.out, out->size_bytes());
-  if (p.ckpt != nullptr) advise_huge_pages(p.ckpt, ckpt->size_bytes());
   PoolExecutor executor(pool, "JAX_SELSCAN_CPU_THREADS");
+  prepare_output(p.out, out->size_bytes(), executor);
+  if (p.ckpt != nullptr) prepare_output(p.ckpt, ckpt->size_bytes(), executor);
   try {
     selective_scan_cpu(p, *table, executor);
   } catch (const std::bad_alloc&) {
@@ -262,12 +262,13 @@ ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::Any
     if (o.res->element_type() != ffi::F32 || numel(*o.res) != numel(*o.like))
       return bad(std::string(o.name) + " must be float32 with its operand's shape");
     *o.dst = static_cast<float*>(o.res->untyped_data());
-    advise_huge_pages(*o.dst, o.res->size_bytes());
   }
   std::string error;
   const SsBwdTable* table = select_ss_bwd_table(&error);
   if (table == nullptr) return bad(error);
   PoolExecutor executor(pool, "JAX_SELSCAN_CPU_THREADS");
+  for (const Out& o : outs)
+    if (*o.dst != nullptr) prepare_output(*o.dst, o.res->size_bytes(), executor);
   try {
     selective_scan_bwd_cpu(q, *table, executor);
   } catch (const std::bad_alloc&) {

@@ -140,6 +140,16 @@ def test_chunked_multithreaded(isa, dtype, shape, axis, reverse):
     check(a, b, axis=axis, reverse=reverse, h0=h0)
 
 
+@pytest.mark.parametrize("prefault", ["1", "0"])
+def test_large_outputs_faulted_in_first(prefault, monkeypatch):
+    """Outputs of >= 4 MiB are faulted in over the threads before the scan (huge_pages.h
+    prepare_output; JAX_SELSCAN_CPU_PREFAULT=0 skips it): h and a_prod as the reference."""
+    monkeypatch.setenv("JAX_SELSCAN_CPU_PREFAULT", prefault)
+    rng = np.random.default_rng(11)
+    a, b = make((1_100_003, 3), np.float32, rng)  # 12.6 MiB each, not 2 MiB-aligned in general
+    check(a, b, axis=0, reverse=False, h0=None)
+
+
 def test_growing_a_short_sequences():
     rng = np.random.default_rng(2)
     for shape, axis in [((61,), 0), ((3, 47), 1), ((64, 33), 0)]:

@@ -153,6 +153,27 @@ def test_multithreaded_shape_matches_reference():
     assert rel_err(out, want) < 2e-5
 
 
+def test_large_outputs_faulted_in_first(monkeypatch):
+    """Forward and backward with outputs of >= 4 MiB, which the handlers fault in over the threads
+    first (huge_pages.h prepare_output): bitwise what they give with that step off
+    (JAX_SELSCAN_CPU_PREFAULT=0, read per call), and the forward as the float64 loop."""
+    x = inputs(12, batch=1, dim=64, dstate=4, length=16_411, groups=1)  # out, du, ...: 4 MiB each
+    fwd_vjp = jax.jit(lambda x: jax.vjp(lambda x: selective_scan(**x, delta_softplus=True), x))
+
+    def once():
+        out, vjp = fwd_vjp(x)
+        return [out] + jax.tree_util.tree_leaves(vjp(jnp.cos(out)))
+
+    monkeypatch.setenv("JAX_SELSCAN_CPU_PREFAULT", "0")
+    off = once()
+    monkeypatch.setenv("JAX_SELSCAN_CPU_PREFAULT", "1")
+    on = once()
+    for a, b in zip(on, off):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    want, _ = selective_scan_np(**np64(x), delta_softplus=True)
+    assert rel_err(on[0], want) < 2e-5
+
+
 def test_bfloat16_and_mixed_dtypes():
     x = inputs(5, batch=2, dim=32, dstate=16, length=77, dtype=jnp.bfloat16,
                state_dtype=np.float32)
