@@ -23,7 +23,8 @@
 # benchmark and the 1-16 thread scaling curve on this host's cores; needs JSS_CPU=ON;
 # CPU_SCALING=0 skips the curve, which measures the host's own ceiling too (--copies; CPU_SCALING_ARGS adds options);
 # CPU_BENCH_ARGS="--shapes ..." a subset; JSS_CUDA=OFF builds the CPU extension alone), cpu_probe (the 16-thread kernel
-# against 16 one-thread calls in one process, benchmarks/cpu_selective_scan_threads_probe.py; CPU_PROBE_ARGS).
+# against 16 one-thread calls in one process, benchmarks/cpu_selective_scan_threads_probe.py; CPU_PROBE_ARGS),
+# cpu_prefault (the CPU handlers' prefault of fresh outputs on and off, in one process; needs JSS_CPU=ON).
 # Each stage has its own time limit so that a hang cannot eat the whole call.
 # Only a few files come back from the device (at most 8 from $OUT; past that, whole files are
 # left out, stages.log among them): the stage logs go to $LOGS, kept outside $OUT, and are
@@ -252,6 +253,19 @@ fi
 # The 16-thread kernel against 16 Python threads running 1-thread shares in the same process.
 has cpu_probe && JAX_PLATFORMS=cpu TAIL=12 step cpu_probe 150 $PY -P benchmarks/cpu_selective_scan_threads_probe.py \
   ${CPU_PROBE_ARGS:-}
+# cpu_prefault: the handlers' prefault of fresh outputs on and off (JAX_SELSCAN_CPU_PREFAULT=0),
+# alternating in one process: the forward at two shapes and forward + backward, accounted per
+# thread; then the linear-scan benchmark once with each setting (session 44's call 2).
+if has cpu_prefault; then
+  PROBE=($PY -P benchmarks/cpu_selective_scan_threads_probe.py --also-env JAX_SELSCAN_CPU_PREFAULT=0)
+  JAX_PLATFORMS=cpu TAIL=12 step cpu_prefault_fwd 150 "${PROBE[@]}" --rounds 3
+  JAX_PLATFORMS=cpu TAIL=12 step cpu_prefault_fwd_small 100 "${PROBE[@]}" --rounds 3 --shape 1x1536x2048x16
+  JAX_PLATFORMS=cpu TAIL=12 step cpu_prefault_grad 200 "${PROBE[@]}" --rounds 2 --grad
+  for v in 1 0; do
+    JAX_PLATFORMS=cpu JAX_SELSCAN_CPU_PREFAULT=$v TAIL=8 step cpu_prefault_linear_$v 150 \
+      $PY -P benchmarks/cpu_linear_scan.py --no-write --assoc-repeats 1
+  done
+fi
 for f in env.txt "$LOGS"/*.log; do
   f=$(basename "$f"); [[ -f "$LOGS/$f" ]] && { echo "##### $f"; cat "$LOGS/$f"; }
 done > "$OUT/stages.log" 2>&1
