@@ -70,6 +70,18 @@ def describe(a):
             f"{a['minflt']:.0f}, switches {a['nvcsw']:.0f} voluntary {a['nivcsw']:.0f} involuntary")
 
 
+def thp():
+    """The host's transparent-huge-page settings (the handlers' advice needs madvise or always)."""
+    out = []
+    for f in ("enabled", "defrag"):
+        try:
+            with open(f"/sys/kernel/mm/transparent_hugepage/{f}") as h:
+                out.append(f"{f} {h.read().strip()}")
+        except OSError:
+            out.append(f"{f} unknown")
+    return ", ".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="2x2048x8192x16", help="BATCHxDxLxN")
@@ -143,7 +155,6 @@ def main():
         os.environ["JAX_SELSCAN_CPU_THREADS"] = "1"
         print(f"round {rnd}: kernel, 1 thread, accounted over 2 calls: "
               + describe(account(lambda: fn(x), 2)), flush=True)
-        os.environ["JAX_SELSCAN_CPU_THREADS"] = "1"
         barrier, res = threading.Barrier(k + 1), [0.0] * k
 
         def work(i):
@@ -166,17 +177,6 @@ def main():
         balanced = k / sum(1.0 / r for r in res)
         print(f"round {rnd}: {k} Python threads x 1-thread share: wall / call {wall:.2f} ms, "
               f"balanced {balanced:.2f}, median {statistics.median(res):.2f}, slowest {max(res):.2f}", flush=True)
-
-
-def thp():
-    out = []
-    for f in ("enabled", "defrag"):
-        try:
-            with open(f"/sys/kernel/mm/transparent_hugepage/{f}") as h:
-                out.append(f"{f} {h.read().strip()}")
-        except OSError:
-            out.append(f"{f} unknown")
-    return ", ".join(out)
 
 
 if __name__ == "__main__":

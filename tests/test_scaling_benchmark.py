@@ -52,3 +52,31 @@ def test_markdown_has_the_ceiling_table():
     line = [s for s in md.splitlines() if s.startswith("| 2, 2048, 8192, 16 | 4 | 10.00")]
     # balanced 10 ms: ceiling 100 / 10 = 10x; the kernel's 25 ms reaches 10 / 25 = 0.40 of it
     assert len(line) == 1 and "| 10.00x |" in line[0] and line[0].endswith("| 0.40 |")
+
+
+def test_threads_probe_accounts_cpu_time_per_thread():
+    """The probe's per-call accounting (schedstat): a call that spins 20 ms on this thread shows
+    this thread busy for about that long per call, on a wall time at least as long."""
+    import os
+    import time
+
+    import pytest
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_selective_scan_threads_probe.py"
+    spec = importlib.util.spec_from_file_location("cpu_selective_scan_threads_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    me = os.getpid()  # the main thread's id is the process id
+    if not probe.thread_times().get(me, (0, 0))[0]:
+        pytest.skip("no /proc/self/task/*/schedstat here")
+
+    def spin():
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.02:
+            pass
+        return 0
+
+    a = probe.account(spin, 3)
+    mine = [b for b in a["busy"] if b[2] == me]
+    assert a["wall"] >= 19.0 and mine and 10.0 <= mine[0][0] <= a["wall"] * 1.1, a
+    assert "1 threads ran" in probe.describe(dict(a, busy=mine))
