@@ -1,7 +1,7 @@
 """Thread scaling of the CPU fused selective scan (forward), with the memory-bandwidth ceiling.
 
     python benchmarks/cpu_selective_scan_scaling.py [--quick] [--threads 1,2,4,8,16]
-        [--cpus 0,8,1,9,...] [--out benchmarks/results/cpu_selective_scan_scaling]
+        [--cpus 0,8,1,9,...] [--copies] [--keep-mapped] [--out benchmarks/results/cpu_selective_scan_scaling]
 
 For each thread count k (1, 2, 4, 8, 16 by default, capped at os.cpu_count()) a fresh
 subprocess pins itself to k CPUs (sched_setaffinity, before jax is imported, so XLA's
@@ -21,6 +21,11 @@ read on every call). In it:
     shared L3 and memory, a neighbour on the host) bounds every k-thread partition of the
     same work. With t_i copy i's median call, a free and perfectly balanced split would take
     k / sum(1 / t_i) ("balanced"); ceiling speed-up = t(1 thread) / balanced.
+  * page faults per timed call, kernel and copies: the kernel's output at the large shape
+    (128 MiB) is a fresh mapping on every call under glibc's defaults, the copies' (<= 32 MiB)
+    are reused, so the ceiling is a no-fault one; --keep-mapped runs every child with glibc
+    never unmapping freed memory, which compares like with like (docs/PERFORMANCE_CPU.md,
+    session 44).
 Prints and writes (JSON + Markdown): time, speedup vs 1 thread, GB/s, fraction of the
 bandwidth bound (1.0 = at the memory ceiling), with date, machine and commit.
 Shapes: (2, 2048, 8192, 16) and (1, 1536, 2048, 16) (--quick: smaller, fewer repeats).
@@ -33,6 +38,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -111,6 +117,7 @@ def child(k, shapes, repeats, share=1, barrier=None):
         fn = jax.jit(lambda x: selective_scan(**x, delta_softplus=True, direction="forward"))
         jax.block_until_ready(fn(x))
         ts = []
+        flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         if barrier:
             # Every copy keeps calling until the same window has passed, so that none runs
             # its calls on a machine that the faster copies have already left.
@@ -125,9 +132,14 @@ def child(k, shapes, repeats, share=1, barrier=None):
             jax.block_until_ready(fn(x))
             ts.append(time.perf_counter() - t)
         t_kernel = statistics.median(ts)
+        # Page faults per timed call: > 0 where the output is a fresh mapping on every call (glibc
+        # maps chunks over its limit, 32 MiB at most, afresh), which the copies' smaller outputs
+        # are not; --keep-mapped makes both reuse their memory.
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt0) / len(ts)
         if share > 1:
             rows.append(dict(shape=dict(batch=batch, D=dim * share, L=length, N=n), share=share,
                              copies=barrier[2] if barrier else 1, share_ms=t_kernel * 1e3,
+                             faults_per_call=faults,
                              share_runs_ms=[t * 1e3 for t in ts]))
             del x
             continue
@@ -135,6 +147,7 @@ def child(k, shapes, repeats, share=1, barrier=None):
         bw = bandwidth(4 * batch * dim * length * 3)
         rows.append(dict(shape=dict(batch=batch, D=dim, L=length, N=n), threads=k,
                          kernel_ms=t_kernel * 1e3, kernel_runs_ms=[t * 1e3 for t in ts],
+                         faults_per_call=faults,
                          kernel_bytes=nbytes, kernel_GBps=nbytes / t_kernel / 1e9,
                          elementwise_GBps=bw / 1e9, bound_ms=nbytes / bw * 1e3,
                          fraction_of_bound=(nbytes / bw) / t_kernel))
@@ -167,6 +180,11 @@ def add_ceilings(rows, ceilings):
         c["of_ceiling"] = c["balanced_ms"] / r["kernel_ms"]
 
 
+def faults(r):
+    f = r.get("faults_per_call")
+    return "—" if f is None else f"{f:.0f}"
+
+
 def markdown(res):
     m = res["meta"]
     out = ["# CPU selective_scan thread scaling (forward, float32)\n",
@@ -174,15 +192,15 @@ def markdown(res):
            f"- command: `{m['command']}`\n- {m['note']}\n"
            f"- CPUs taken in the order {m.get('cpu_order', 'ascending')}\n",
            "| batch, D, L, N | threads | kernel ms | speed-up vs 1 | kernel GB/s | elementwise GB/s "
-           "| bandwidth bound ms | of bound |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "| bandwidth bound ms | of bound | page faults / call |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     def line(shape, *cells):
         return f"| {shape['batch']}, {shape['D']}, {shape['L']}, {shape['N']} | " + " | ".join(cells) + " |"
 
     for r in res["rows"]:
         out.append(line(r["shape"], f"{r['threads']}", f"{r['kernel_ms']:.1f}", f"{r['speedup_vs_1']:.2f}x",
                         f"{r['kernel_GBps']:.1f}", f"{r['elementwise_GBps']:.1f}", f"{r['bound_ms']:.1f}",
-                        f"{r['fraction_of_bound']:.2f}"))
+                        f"{r['fraction_of_bound']:.2f}", faults(r)))
     out.append("\n`of bound` = (kernel bytes / elementwise bandwidth at that thread count) / kernel time: "
                "1.0 means the kernel moves its bytes as fast as a plain elementwise pass on those cores.")
     if res.get("ceilings"):
@@ -195,13 +213,15 @@ def markdown(res):
                 "ceiling = t(1 thread, all of D) / balanced. kernel / ceiling = balanced / t(k threads): "
                 "independent of the 1-thread time, the noisiest figure on a shared host.\n",
                 "| batch, D, L, N | k | 1/k alone ms | k at once ms (median / slowest) | contention | "
-                "balanced ms | ceiling | kernel ms | kernel speed-up | kernel / ceiling |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                "balanced ms | ceiling | kernel ms | kernel speed-up | kernel / ceiling | "
+                "page faults / call (median copy) |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for c in res["ceilings"]:
             out.append(line(c["shape"], f"{c['threads']}", f"{c['share_alone_ms']:.2f}",
                             f"{c['share_together_ms']:.2f} / {c['share_together_max_ms']:.2f}",
                             f"{c['contention']:.2f}x", f"{c['balanced_ms']:.2f}", f"{c['ceiling_speedup']:.2f}x",
-                            f"{c['kernel_ms']:.2f}", f"{c['kernel_speedup']:.2f}x", f"{c['of_ceiling']:.2f}"))
+                            f"{c['kernel_ms']:.2f}", f"{c['kernel_speedup']:.2f}x", f"{c['of_ceiling']:.2f}",
+                            faults(c)))
     return "\n".join(out) + "\n"
 
 
@@ -219,6 +239,10 @@ def main():
                          "processes on 1/k of the channels each, at once, against one such process alone")
     ap.add_argument("--window", type=float, default=1.5,
                     help="seconds for which every copy keeps calling (--copies); its median call is its time")
+    ap.add_argument("--keep-mapped", action="store_true",
+                    help="children run with glibc never unmapping freed memory (MALLOC_MMAP_MAX_=0, "
+                         "a 64 GiB trim threshold): outputs over glibc's 32 MiB limit are then reused "
+                         "instead of mapped and zeroed afresh on every call, as the copies' smaller ones are")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--barrier", default="", help=argparse.SUPPRESS)
@@ -242,6 +266,8 @@ def main():
     def start(pin, threads, extra=()):
         """A child process pinned to the CPUs `pin` with `threads` kernel threads."""
         env = dict(os.environ, JAX_SELSCAN_CPU_THREADS=str(threads))
+        if args.keep_mapped:
+            env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(64 << 30))
         # Pin before the interpreter imports jax: XLA sizes its intra-op pool by the affinity mask.
         pre = f"import os; os.sched_setaffinity(0, {pin!r}); " if hasattr(os, "sched_setaffinity") else ""
         # sys.path[0] as when running this file (not the cwd: from the repo root the
@@ -278,6 +304,7 @@ def main():
             for si, a in enumerate(alone):
                 times = [c[si]["share_ms"] for c in together]
                 c = dict(shape=a["shape"], threads=k, share_alone_ms=a["share_ms"],
+                         faults_per_call=statistics.median(q[si].get("faults_per_call", 0.0) for q in together),
                          share_together_ms=statistics.median(times), share_together_max_ms=max(times),
                          share_together_all_ms=times)
                 c["contention"] = c["share_together_ms"] / c["share_alone_ms"]
@@ -298,7 +325,9 @@ def main():
                 command=" ".join(["python"] + sys.argv), thread_counts=counts, cpu_order=cpus,
                 wall_s=round(time.time() - t_start, 1),
                 note=f"medians of {repeats} runs after a warm-up (compile excluded); one process "
-                     "per thread count, pinned to that many CPUs, JAX_SELSCAN_CPU_THREADS set")
+                     "per thread count, pinned to that many CPUs, JAX_SELSCAN_CPU_THREADS set"
+                     + ("; --keep-mapped: MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=64 GiB in every child"
+                        if args.keep_mapped else ""))
     add_ceilings(rows, ceilings)
     res = dict(meta=meta, rows=rows, ceilings=ceilings)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

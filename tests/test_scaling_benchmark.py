@@ -51,7 +51,10 @@ def test_markdown_has_the_ceiling_table():
     md = scaling.markdown(dict(meta=meta, rows=r, ceilings=[c]))
     line = [s for s in md.splitlines() if s.startswith("| 2, 2048, 8192, 16 | 4 | 10.00")]
     # balanced 10 ms: ceiling 100 / 10 = 10x; the kernel's 25 ms reaches 10 / 25 = 0.40 of it
-    assert len(line) == 1 and "| 10.00x |" in line[0] and line[0].endswith("| 0.40 |")
+    assert len(line) == 1 and "| 10.00x |" in line[0] and line[0].endswith("| 0.40 | — |")
+    # the copies' page faults per call, where the run counted them
+    md = scaling.markdown(dict(meta=meta, rows=r, ceilings=[dict(c, faults_per_call=3.2)]))
+    assert [s for s in md.splitlines() if s.startswith("| 2, 2048, 8192, 16 | 4 | 10.00")][0].endswith("| 0.40 | 3 |")
 
 
 def test_threads_probe_accounts_cpu_time_per_thread():
