@@ -180,7 +180,7 @@ def add_ceilings(rows, ceilings):
         c["of_ceiling"] = c["balanced_ms"] / r["kernel_ms"]
 
 
-def faults(r):
+def faults_cell(r):
     f = r.get("faults_per_call")
     return "—" if f is None else f"{f:.0f}"
 
@@ -200,7 +200,7 @@ def markdown(res):
     for r in res["rows"]:
         out.append(line(r["shape"], f"{r['threads']}", f"{r['kernel_ms']:.1f}", f"{r['speedup_vs_1']:.2f}x",
                         f"{r['kernel_GBps']:.1f}", f"{r['elementwise_GBps']:.1f}", f"{r['bound_ms']:.1f}",
-                        f"{r['fraction_of_bound']:.2f}", faults(r)))
+                        f"{r['fraction_of_bound']:.2f}", faults_cell(r)))
     out.append("\n`of bound` = (kernel bytes / elementwise bandwidth at that thread count) / kernel time: "
                "1.0 means the kernel moves its bytes as fast as a plain elementwise pass on those cores.")
     if res.get("ceilings"):
@@ -221,7 +221,7 @@ def markdown(res):
                             f"{c['share_together_ms']:.2f} / {c['share_together_max_ms']:.2f}",
                             f"{c['contention']:.2f}x", f"{c['balanced_ms']:.2f}", f"{c['ceiling_speedup']:.2f}x",
                             f"{c['kernel_ms']:.2f}", f"{c['kernel_speedup']:.2f}x", f"{c['of_ceiling']:.2f}",
-                            faults(c)))
+                            faults_cell(c)))
     return "\n".join(out) + "\n"
 
 

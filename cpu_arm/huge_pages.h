@@ -8,6 +8,7 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>  // madvise
+#include <unistd.h>    // sysconf
 #endif
 
 #include "linear_scan_cpu.h"  // Executor
@@ -45,7 +46,8 @@ inline void prepare_output(void* data, size_t bytes, Executor& executor) {
 #if defined(__linux__) && defined(MADV_POPULATE_WRITE)
   if (data == nullptr || bytes < 2 * kHugePage || executor.num_threads() <= 1) return;
   if (const char* env = std::getenv("JAX_SELSCAN_CPU_PREFAULT"); env != nullptr && env[0] == '0') return;
-  constexpr uintptr_t kPage = 4096;
+  // madvise takes whole pages: the system's size (64 KiB on some Arm kernels), not 4 KiB
+  static const uintptr_t kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(kPage - 1);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes + kPage - 1) & ~(kPage - 1);
   const uintptr_t first = begin & ~(kHugePage - 1);  // stretch i: [first + i * 2 MiB, + 2 MiB)
