@@ -18,6 +18,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "graph_capture.h"
 #include "linear_scan.h"
 #include "selective_scan.h"
 #include "selective_scan_ffi.h"
@@ -98,6 +99,7 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& a,
   p.reverse = reverse;
   p.algorithm = static_cast<int>(algorithm);
   if (p.outer == 0 || p.L == 0 || p.inner == 0) return ffi::Error::Success();  // empty
+  jss::note_capture(stream);
   const size_t bytes = jss::scratch_bytes(t, p);
   void* buf = nullptr;
   if (bytes) {
@@ -204,6 +206,9 @@ NB_MODULE(_cuda, m) {
     return aligned > unaligned ? aligned : unaligned;
   });
   m.def("linear_scan_scratch_align", []() { return kScratchAlign; });
+  // GPU test hook: how many handler calls (linear and selective scan) ran while XLA was
+  // recording them into a CUDA graph (graph_capture.h).
+  m.def("captured_calls", []() { return jss::captured_calls().load(); });
   // GPU test hook: the kernel family a call of this shape runs on the current device, after
   // the fallbacks of a GPU with less shared memory per block (operands taken as aligned).
   m.def("launched_algorithm", [](const std::string& dtype_name, int64_t outer, int64_t L, int64_t inner) {

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "graph_capture.h"
 #include "selective_scan.h"
 #include "selective_scan_ffi.h"
 
@@ -160,6 +161,7 @@ ffi::Error FwdCore(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
   void* buf;
   ffi::Error se = scratch_ptr(scratch, jss::ss_forward_scratch_bytes(p), "selective_scan (CUDA)", &buf);
   if (se.failure()) return se;
+  jss::note_capture(stream);
   return check(jss::ss_forward(p, o, buf, stream), "selective_scan forward (CUDA)");
 }
 
@@ -240,6 +242,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
   ffi::Error se = scratch_ptr(*scratch, jss::ss_backward_scratch_bytes(p, io.ckpt != nullptr),
                               "selective_scan backward (CUDA)", &buf);
   if (se.failure()) return se;
+  jss::note_capture(stream);
   return check(jss::ss_backward(p, io, buf, stream), "selective_scan backward (CUDA)");
 }
 

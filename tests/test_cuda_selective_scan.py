@@ -628,39 +628,41 @@ def test_forward_saved_checkpoints_same_gradients(direction, shape, dtype, monke
 
 # The handlers take their scratch as an XLA result and are declared command-buffer compatible:
 # forward + backward run in a subprocess with XLA command buffers (CUDA graphs) forced on give
-# the float64 reference's results and the same bits on every run. The bidirectional case (its y
-# buffer), a forced L split (its carries) and the backward's dB / dC partials all live in that
-# scratch. (Not compared bitwise with launches in this process: this process runs with x64 on,
-# which changed XLA's ops around the custom calls and so the last bits of u, z and delta's
-# gradients, and dB / dC differed between processes at the 1e-6 level even with x64 matched,
-# while ss_driver showed that no kernel reads scratch or results before writing them:
-# PERFORMANCE_SELECTIVE_SCAN_CUDA 8.8.)
+# the float64 reference's results and the same bits on every run, and stay right when the
+# same executable replays on other inputs (u and h0 times -2: the output and every gradient
+# but du and dh0 scale by -2, those two stay). The bidirectional case (its y buffer), a forced
+# L split (its carries) and the backward's dB / dC partials all live in that scratch. XLA
+# calls a handler only while recording it; _cuda.captured_calls() counts those calls (the
+# compiled HLO does not show command buffers any more). (Not compared bitwise with launches
+# in this process: this process runs with x64 on, which changed XLA's ops around the custom
+# calls and so the last bits of u, z and delta's gradients, and dB / dC differed between
+# processes at the 1e-6 level even with x64 matched, while ss_driver showed that no kernel
+# reads scratch or results before writing them: PERFORMANCE_SELECTIVE_SCAN_CUDA 8.8.)
 _SS_GRAPH_SCRIPT = """
 import json, sys
 import numpy as np
 import jax, jax.numpy as jnp
-from jax_selscan import selective_scan
+from jax_selscan import selective_scan, _cuda
 
 data = np.load(sys.argv[1])
 x = {k: jnp.asarray(data[k]) for k in data.files if k != "cot"}
+x2 = {k: v * -2 if k in ("u", "h0") else v for k, v in x.items()}
 cot = jnp.asarray(data["cot"])
 kw = dict(delta_softplus=True, direction=sys.argv[2])
 f = jax.jit(lambda x: jax.vjp(lambda x: selective_scan(**x, **kw), x))
 def run(x):
     out, vjp = f(x)
-    return [out] + [g for _, g in sorted(vjp(cot)[0].items())]
-runs = [[np.asarray(v) for v in run(x)] for _ in range(3)]
+    return [np.asarray(v) for v in [out] + [g for _, g in sorted(vjp(cot)[0].items())]]
+runs = [run(x) for _ in range(3)]
+runs2 = [run(x2) for _ in range(2)]
+runs.append(run(x))
 np.savez(sys.argv[3], *runs[0])
 same = all(np.array_equal(a, b) for r in runs[1:] for a, b in zip(r, runs[0]))
-hlo = jax.jit(lambda x: run(x)).lower(x).compile().as_text()
-comp, where, cmd_bufs = None, [], 0
-for line in hlo.splitlines():
-    if line and not line[0].isspace() and line.rstrip().endswith("{"):
-        comp = (line.split()[1] if line.startswith("ENTRY") else line.split()[0]).lstrip("%")
-        cmd_bufs += comp.startswith("command_buffer")
-    elif 'custom_call_target="jax_selscan_selective_scan' in line:
-        where.append(comp)
-print(json.dumps(dict(bitwise_equal_runs=same, command_buffers=cmd_bufs, custom_calls_in=where)))
+scale = [-2.0] + [1.0 if k in ("u", "h0") else -2.0 for k in sorted(x)]
+rel = lambda g, w: float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30))
+scaled_err = max(rel(b, s * a) for r in runs2 for a, b, s in zip(runs[0], r, scale))
+print(json.dumps(dict(bitwise_equal_runs=same, scaled_inputs_err=scaled_err,
+                      captured_calls=_cuda.captured_calls())))
 """
 
 
@@ -698,7 +700,7 @@ def test_command_buffers(direction, chunks, tmp_path):
     want = _grads(selective_scan_ref, to64(x), kw, jnp.asarray(cot, jnp.float64))
     errs = {k: rel_err(got[k], want[k]) for k in want}
     assert all(e < GRAD_TOL[F32] for e in errs.values()), errs
-    assert len(info["custom_calls_in"]) >= 2, info  # the forward (with checkpoints) and the backward
-    if info["command_buffers"] == 0:  # this XLA names or schedules them differently
-        pytest.skip(f"no command_buffer computation in the compiled HLO; custom calls in {info}")
-    assert all(c.startswith("command_buffer") for c in info["custom_calls_in"]), info
+    assert info["scaled_inputs_err"] < 1e-6, info  # exact but for flushed subnormals
+    if info["captured_calls"] == 0:
+        pytest.skip(f"XLA recorded no handler call into a command buffer: {info}")
+    assert info["captured_calls"] >= 2, info  # the forward (with checkpoints) and the backward
