@@ -322,11 +322,15 @@ def test_grad_through_kernel():
 
 # (shape, axis, dtype, reverse, return_a_prod): contiguous fp32; strided bf16 (strided_stage)
 # reversed; one long fp32 row (look-back over many tiles) reversed with a_prod; a long strided
-# fp32 axis (strided_pipe) with a_prod.
+# fp32 axis (strided_pipe) with a_prod; the same in bf16 on 2 chains (strided_pipe_narrow); few
+# long rows (row_pipe), fp32 with a_prod and bf16 reversed.
 GRAPH_CASES = [((3, 5000), 1, "float32", False, False),
                ((2, 700, 264), 1, "bfloat16", True, False),
                ((20000,), 0, "float32", True, True),
-               ((3000, 512), 0, "float32", False, True)]  # strided_pipe
+               ((3000, 512), 0, "float32", False, True),  # strided_pipe
+               ((3000, 256), 0, "bfloat16", False, False),  # strided_pipe_narrow
+               ((8, 1 << 19), 1, "float32", False, True),  # row_pipe
+               ((8, 1 << 19), 1, "bfloat16", True, False)]  # row_pipe, 16-bit
 
 _GRAPH_SCRIPT = textwrap.dedent("""
     import json, sys
