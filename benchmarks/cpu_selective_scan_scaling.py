@@ -1,7 +1,7 @@
 """Thread scaling of the CPU fused selective scan (forward), with the memory-bandwidth ceiling.
 
     python benchmarks/cpu_selective_scan_scaling.py [--quick] [--threads 1,2,4,8,16]
-        [--cpus 0,8,1,9,...] [--copies] [--keep-mapped] [--out benchmarks/results/cpu_selective_scan_scaling]
+        [--cpus 0,8,1,9,...] [--copies] [--keep-mapped | --fresh-copies] [--out benchmarks/results/cpu_selective_scan_scaling]
 
 For each thread count k (1, 2, 4, 8, 16 by default, capped at os.cpu_count()) a fresh
 subprocess pins itself to k CPUs (sched_setaffinity, before jax is imported, so XLA's
@@ -25,7 +25,8 @@ read on every call). In it:
     (128 MiB) is a fresh mapping on every call under glibc's defaults, the copies' (<= 32 MiB)
     are reused, so the ceiling is a no-fault one; --keep-mapped runs every child with glibc
     never unmapping freed memory, which compares like with like (docs/PERFORMANCE_CPU.md,
-    session 44).
+    session 44); --fresh-copies compares like with like the other way: the copies' outputs are
+    fresh mappings too, so their ceiling includes the zeroing that the default kernel pays.
 Prints and writes (JSON + Markdown): time, speedup vs 1 thread, GB/s, fraction of the
 bandwidth bound (1.0 = at the memory ceiling), with date, machine and commit.
 Shapes: (2, 2048, 8192, 16) and (1, 1536, 2048, 16) (--quick: smaller, fewer repeats).
@@ -243,6 +244,11 @@ def main():
                     help="children run with glibc never unmapping freed memory (MALLOC_MMAP_MAX_=0, "
                          "a 64 GiB trim threshold): outputs over glibc's 32 MiB limit are then reused "
                          "instead of mapped and zeroed afresh on every call, as the copies' smaller ones are")
+    ap.add_argument("--fresh-copies", action="store_true",
+                    help="the copies (--copies) run with glibc mapping every chunk over 128 KiB afresh "
+                         "(MALLOC_MMAP_THRESHOLD_=131072), so their outputs are new, zero-filled pages on "
+                         "every call, as the kernel's 128 MiB output is under glibc's defaults: a "
+                         "ceiling for the default setting that includes Linux's zeroing")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--barrier", default="", help=argparse.SUPPRESS)
@@ -268,6 +274,8 @@ def main():
         env = dict(os.environ, JAX_SELSCAN_CPU_THREADS=str(threads))
         if args.keep_mapped:
             env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(64 << 30))
+        elif args.fresh_copies and "--share" in extra:
+            env.update(MALLOC_MMAP_THRESHOLD_=str(128 << 10))  # also ends glibc's adaptive threshold
         # Pin before the interpreter imports jax: XLA sizes its intra-op pool by the affinity mask.
         pre = f"import os; os.sched_setaffinity(0, {pin!r}); " if hasattr(os, "sched_setaffinity") else ""
         # sys.path[0] as when running this file (not the cwd: from the repo root the
@@ -327,7 +335,9 @@ def main():
                 note=f"medians of {repeats} runs after a warm-up (compile excluded); one process "
                      "per thread count, pinned to that many CPUs, JAX_SELSCAN_CPU_THREADS set"
                      + ("; --keep-mapped: MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=64 GiB in every child"
-                        if args.keep_mapped else ""))
+                        if args.keep_mapped else "")
+                     + ("; --fresh-copies: MALLOC_MMAP_THRESHOLD_=128 KiB in the copies only"
+                        if args.fresh_copies and not args.keep_mapped else ""))
     add_ceilings(rows, ceilings)
     res = dict(meta=meta, rows=rows, ceilings=ceilings)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
