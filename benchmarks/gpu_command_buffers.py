@@ -1,12 +1,15 @@
 """Do XLA's command buffers (CUDA graphs) help short scans? One jitted function chains K
 dependent calls (each call's output feeds the next call's b, with a small fusion between), and
-is timed with XLA's command buffers off and on. Each setting runs in its own process, because
-XLA reads XLA_FLAGS once. "on" is `--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL
---xla_gpu_graph_min_graph_size=1`; "off" is jax's defaults. Per setting and case:
+is timed under three settings, each in its own process (XLA reads XLA_FLAGS once): "none"
+(`--xla_gpu_enable_command_buffer=`, no command buffers), "default" (jax's own flags, which
+record custom calls once a graph is large enough) and "forced" (`FUSION,CUSTOM_CALL` with
+`--xla_gpu_graph_min_graph_size=1`). Per setting and case:
   * pipelined: R chains issued back to back, one sync at the end, per chain (median of 7);
   * synchronised: one chain and its wait (median of 21);
   * recorded: the handler calls made while XLA captured a graph (_cuda.captured_calls());
-    0 means the setting ran without graphs.
+    0 means the setting ran without graphs. XLA records a graph again whenever the buffers'
+    addresses change, as they do for calls in flight together (pipelined), each with its own
+    outputs.
 
     python3 -P benchmarks/gpu_command_buffers.py [--k 16] [--out benchmarks/results/gpu_command_buffers]
 
@@ -25,7 +28,8 @@ import subprocess
 import sys
 import time
 
-FLAGS_ON = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+SETTINGS = {"none": "--xla_gpu_enable_command_buffer=", "default": "",
+            "forced": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"}
 CASES = ["linear 1x2^20", "linear 64x4096", "linear (1024, 1024) axis 0", "selective (1, 768, 256, 16)"]
 
 
@@ -93,9 +97,9 @@ def main():
         print(json.dumps(child(args.k)))
         return
     res = {}
-    for setting in ("off", "on"):
+    for setting, flags in SETTINGS.items():
         env = dict(os.environ)
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + (" " + FLAGS_ON if setting == "on" else "")).strip()
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
         p = subprocess.run([sys.executable, "-P", os.path.abspath(__file__), "--child", setting, "--k", str(args.k)],
                            env=env, capture_output=True, text=True)
         if p.returncode != 0:
@@ -103,18 +107,20 @@ def main():
         res[setting] = json.loads(p.stdout.strip().splitlines()[-1])
     import jax
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                device=jax.devices()[0].device_kind, jax=jax.__version__, k=args.k, flags_on=FLAGS_ON,
+                device=jax.devices()[0].device_kind, jax=jax.__version__, k=args.k, settings=SETTINGS,
                 commit=os.environ.get("JSS_COMMIT", ""), command=" ".join(["python3", "-P"] + sys.argv))
     lines = [f"# XLA command buffers and short scans ({meta['device']})\n",
              f"date {meta['date']}, commit {meta['commit']}, jax {meta['jax']}, command `{meta['command']}`; "
-             f"one jitted chain of {args.k} dependent calls; \"on\": `{FLAGS_ON}`\n",
-             "| case | pipelined us / chain, off | on | off / on | synchronised us, off | on | off / on | recorded calls (off / on) |",
+             f"one jitted chain of {args.k} dependent calls; settings (XLA_FLAGS): "
+             + "; ".join(f"{k} `{v}`" for k, v in SETTINGS.items()) + "\n",
+             "| case | pipelined us / chain: none | default | forced | synchronised us: none | default | forced "
+             "| recorded calls: none / default / forced |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for case in CASES:
-        o, n = res["off"][case], res["on"][case]
-        lines.append(f"| {case} | {o['pipelined_us']:.1f} | {n['pipelined_us']:.1f} | "
-                     f"{o['pipelined_us'] / n['pipelined_us']:.2f}x | {o['sync_us']:.1f} | {n['sync_us']:.1f} | "
-                     f"{o['sync_us'] / n['sync_us']:.2f}x | {o['recorded']} / {n['recorded']} |")
+        r = [res[k][case] for k in SETTINGS]
+        lines.append(f"| {case} | " + " | ".join(f"{x['pipelined_us']:.1f}" for x in r) + " | "
+                     + " | ".join(f"{x['sync_us']:.1f}" for x in r) + " | "
+                     + " / ".join(str(x["recorded"]) for x in r) + " |")
     md = "\n".join(lines) + "\n"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".json", "w") as f:
