@@ -1,11 +1,13 @@
 // How many handler calls ran while XLA was recording their stream into a CUDA graph.
 //
 // XLA records an FFI handler declared kCmdBufferCompatible into a command buffer by stream
-// capture: the handler runs once while the stream is capturing, and later executions replay
-// the recorded launches (and memsets) without calling it. Since XLA forms command buffers
-// from its thunks, after HLO, the compiled HLO no longer shows which calls were captured, so
-// the GPU tests read this count (jax_selscan._cuda.captured_calls()) to know that the graph
-// path really ran before they trust its results.
+// capture: the handler runs while the stream is capturing, and later executions replay the
+// recorded launches (and memsets) without calling it until the buffers' addresses change,
+// when XLA records again. jax's default flags do this too, in jitted functions large enough
+// for a graph. XLA forms command buffers from its thunks, after HLO, so the compiled HLO does
+// not show which calls were captured: the GPU tests read this count
+// (jax_selscan._cuda.captured_calls()) to know that the graph path really ran before they
+// trust its results.
 #pragma once
 
 #include <atomic>
