@@ -156,6 +156,18 @@ def child(k, shapes, repeats, share=1, barrier=None):
     return rows
 
 
+def allocator_env(keep_mapped, fresh_copies, is_copy):
+    """glibc settings for a child: --keep-mapped for every child (freed memory never unmapped,
+    so large outputs are reused); --fresh-copies for the copies only (every chunk over 128 KiB
+    mapped afresh, so their outputs are new pages on every call, as the kernel's 128 MiB one is
+    under the defaults; an explicit threshold also ends glibc's adaptive one)."""
+    if keep_mapped:
+        return dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(64 << 30))
+    if fresh_copies and is_copy:
+        return dict(MALLOC_MMAP_THRESHOLD_=str(128 << 10))
+    return {}
+
+
 def lscpu_model():
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -272,10 +284,7 @@ def main():
     def start(pin, threads, extra=()):
         """A child process pinned to the CPUs `pin` with `threads` kernel threads."""
         env = dict(os.environ, JAX_SELSCAN_CPU_THREADS=str(threads))
-        if args.keep_mapped:
-            env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(64 << 30))
-        elif args.fresh_copies and "--share" in extra:
-            env.update(MALLOC_MMAP_THRESHOLD_=str(128 << 10))  # also ends glibc's adaptive threshold
+        env.update(allocator_env(args.keep_mapped, args.fresh_copies, "--share" in extra))
         # Pin before the interpreter imports jax: XLA sizes its intra-op pool by the affinity mask.
         pre = f"import os; os.sched_setaffinity(0, {pin!r}); " if hasattr(os, "sched_setaffinity") else ""
         # sys.path[0] as when running this file (not the cwd: from the repo root the

@@ -57,6 +57,19 @@ def test_markdown_has_the_ceiling_table():
     assert [s for s in md.splitlines() if s.startswith("| 2, 2048, 8192, 16 | 4 | 10.00")][0].endswith("| 0.40 | 3 |")
 
 
+def test_allocator_settings_of_the_children():
+    """--fresh-copies reaches the copies only (the kernel keeps glibc's defaults, which it is
+    compared under); --keep-mapped reaches every child and wins over --fresh-copies."""
+    fresh = {"MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
+    keep = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(64 << 30)}
+    assert scaling.allocator_env(False, True, is_copy=True) == fresh
+    assert scaling.allocator_env(False, True, is_copy=False) == {}
+    assert scaling.allocator_env(False, False, is_copy=True) == {}
+    for copy in (False, True):
+        assert scaling.allocator_env(True, False, is_copy=copy) == keep
+        assert scaling.allocator_env(True, True, is_copy=copy) == keep
+
+
 def test_threads_probe_accounts_cpu_time_per_thread():
     """The probe's per-call accounting (schedstat): a call that spins 20 ms on this thread shows
     this thread busy for about that long per call, on a wall time at least as long."""
