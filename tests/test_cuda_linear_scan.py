@@ -362,7 +362,8 @@ _GRAPH_SCRIPT = textwrap.dedent("""
     same = all(np.array_equal(x, y) for r in runs[1:] + [again] for x, y in zip(r, runs[0]))
     scaled = all(np.array_equal(y, s * x) for r in runs2 for x, y, s in zip(runs[0], r, scale))
     np.savez(sys.argv[3], *runs[0])
-    print(json.dumps(dict(bitwise_equal_runs=same, scaled_inputs_exact=scaled,
+    calls = jitted.lower(*args).as_text().count("@jax_selscan_linear_scan")  # none on a fallback
+    print(json.dumps(dict(bitwise_equal_runs=same, scaled_inputs_exact=scaled, custom_calls=calls,
                           captured_calls=_cuda.captured_calls())))
 """)
 
@@ -397,6 +398,7 @@ def test_command_buffers(tmp_path):
     print(info)
     assert info["bitwise_equal_runs"], info
     assert info["scaled_inputs_exact"], info
+    assert info["custom_calls"] == len(GRAPH_CASES), info
     out = np.load(tmp_path / "out.npz")
     assert len(out.files) == len(refs)
     for k, (ref, tol) in enumerate(refs):

@@ -661,7 +661,11 @@ same = all(np.array_equal(a, b) for r in runs[1:] for a, b in zip(r, runs[0]))
 scale = [-2.0] + [1.0 if k in ("u", "h0") else -2.0 for k in sorted(x)]
 rel = lambda g, w: float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30))
 scaled_err = max(rel(b, s * a) for r in runs2 for a, b, s in zip(runs[0], r, scale))
+# the kernels' custom calls, forward (f) and backward (a fallback to plain JAX has none)
+grads = jax.jit(lambda x: jax.vjp(lambda x: selective_scan(**x, **kw), x)[1](cot))
+text = f.lower(x).as_text() + grads.lower(x).as_text()
 print(json.dumps(dict(bitwise_equal_runs=same, scaled_inputs_err=scaled_err,
+                      custom_calls=text.count("@jax_selscan_selective_scan"),
                       captured_calls=_cuda.captured_calls())))
 """
 
@@ -701,6 +705,7 @@ def test_command_buffers(direction, chunks, tmp_path):
     errs = {k: rel_err(got[k], want[k]) for k in want}
     assert all(e < GRAD_TOL[F32] for e in errs.values()), errs
     assert info["scaled_inputs_err"] < 1e-6, info  # exact but for flushed subnormals
+    assert info["custom_calls"] >= 2, info  # the forward (with checkpoints) and the backward
     if info["captured_calls"] == 0:
         pytest.skip(f"XLA recorded no handler call into a command buffer: {info}")
     assert info["captured_calls"] >= 2, info  # the forward (with checkpoints) and the backward
