@@ -252,15 +252,16 @@ def main():
                          "processes on 1/k of the channels each, at once, against one such process alone")
     ap.add_argument("--window", type=float, default=1.5,
                     help="seconds for which every copy keeps calling (--copies); its median call is its time")
-    ap.add_argument("--keep-mapped", action="store_true",
-                    help="children run with glibc never unmapping freed memory (MALLOC_MMAP_MAX_=0, "
-                         "a 64 GiB trim threshold): outputs over glibc's 32 MiB limit are then reused "
-                         "instead of mapped and zeroed afresh on every call, as the copies' smaller ones are")
-    ap.add_argument("--fresh-copies", action="store_true",
-                    help="the copies (--copies) run with glibc mapping every chunk over 128 KiB afresh "
-                         "(MALLOC_MMAP_THRESHOLD_=131072), so their outputs are new, zero-filled pages on "
-                         "every call, as the kernel's 128 MiB output is under glibc's defaults: a "
-                         "ceiling for the default setting that includes Linux's zeroing")
+    alloc = ap.add_mutually_exclusive_group()  # the children's glibc settings (allocator_env)
+    alloc.add_argument("--keep-mapped", action="store_true",
+                       help="children run with glibc never unmapping freed memory (MALLOC_MMAP_MAX_=0, "
+                            "a 64 GiB trim threshold): outputs over glibc's 32 MiB limit are then reused "
+                            "instead of mapped and zeroed afresh on every call, as the copies' smaller ones are")
+    alloc.add_argument("--fresh-copies", action="store_true",
+                       help="the copies (--copies) run with glibc mapping every chunk over 128 KiB afresh "
+                            "(MALLOC_MMAP_THRESHOLD_=131072), so their outputs are new, zero-filled pages on "
+                            "every call, as the kernel's 128 MiB output is under glibc's defaults: a "
+                            "ceiling for the default setting that includes Linux's zeroing")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--barrier", default="", help=argparse.SUPPRESS)
@@ -346,7 +347,7 @@ def main():
                      + ("; --keep-mapped: MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=64 GiB in every child"
                         if args.keep_mapped else "")
                      + ("; --fresh-copies: MALLOC_MMAP_THRESHOLD_=128 KiB in the copies only"
-                        if args.fresh_copies and not args.keep_mapped else ""))
+                        if args.fresh_copies else ""))
     add_ceilings(rows, ceilings)
     res = dict(meta=meta, rows=rows, ceilings=ceilings)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
