@@ -74,12 +74,12 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   //    (16384, 256) 42% either way, (8192, 128) 19% vs 22% (1 M elements, about 20 us). One
   //    narrow chain stays staged ((65536, 64) fp32 25% vs 26%). With more wide chains fp32 keeps
   //    the wide pipe (narrow vs wide: (65536, 512) 79% vs 77%, (65536, 1024) 85% vs 90%).
-  const int64_t ncw = 32 * 8 / elem_bytes;  // channels of a narrow tile: 32 lanes x 8 bytes (NarrowPipeTune::VB)
+  const int64_t ncw = pipe_tile_channels(kNarrowPipeLaneBytes, elem_bytes);  // a narrow tile's channels
   const int64_t narrow_chains = p.outer * ((p.inner + ncw - 1) / ncw);
   if (elem_bytes == 2 && (p.L <= 1024 ? narrow_chains >= 3 : narrow_chains >= 2 && narrow_chains <= 8))
     return kStridedPipeNarrow;
   if (p.L > 1024 && elem_bytes <= 4) {
-    const int64_t cw = 512 / elem_bytes;  // channels of a tile: 32 lanes x 16 bytes (StageCfg<T>::CW)
+    const int64_t cw = pipe_tile_channels(kPipeLaneBytes, elem_bytes);  // a wide pipe tile's channels
     const int64_t chains = p.outer * ((p.inner + cw - 1) / cw);
     if (chains > 2) return kStridedPipe;
     return elem_bytes == 4 && narrow_chains >= 2 ? kStridedPipeNarrow : kStridedStage;

@@ -34,6 +34,12 @@ enum Algorithm : int {
 
 enum class DType { F32, F64, BF16, F16, C64 };
 
+// The strided pipelines' tiles are 32 lanes wide, each lane a vector of this many bytes of
+// channels (PipeTune / NarrowPipeTune in scan_plan.cuh use these); "auto" counts chains of
+// such tiles (dispatch.cc), so both sides take the widths from here.
+constexpr int kPipeLaneBytes = 16, kNarrowPipeLaneBytes = 8;
+constexpr int64_t pipe_tile_channels(int lane_bytes, int elem_bytes) { return 32 * lane_bytes / elem_bytes; }
+
 // The array is seen as (outer, L, inner), row-major. Element (o, t, c) lives at
 // (o * L + t) * inner + c. h0 is (outer, inner). aprod may be null.
 struct ScanProblem {

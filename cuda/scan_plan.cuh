@@ -58,7 +58,7 @@ template <class T>
 struct PipeTune {
   static constexpr int SPW = 16, NSLOT = 3;
   static constexpr int UF = SPW, UW = sizeof(T) == 2 ? 4 : SPW;
-  static constexpr int VB = 16;  // bytes of a lane's channel vector
+  static constexpr int VB = kPipeLaneBytes;  // bytes of a lane's channel vector
 };
 
 // strided_pipe_narrow (16-bit types and fp32): the same pipeline on narrow tiles, 8-byte lane
@@ -73,7 +73,8 @@ inline constexpr bool kHasNarrowPipe = sizeof(T) == 2 || std::is_same<T, float>:
 template <class T, bool TALL>
 struct NarrowPipeTune {
   static_assert(kHasNarrowPipe<T>, "narrow tiles are for 16-bit types and fp32");
-  static constexpr int SPW = TALL || sizeof(T) == 4 ? 32 : 16, NSLOT = 3, UF = SPW, UW = 4, VB = 8;
+  static constexpr int SPW = TALL || sizeof(T) == 4 ? 32 : 16, NSLOT = 3, UF = SPW, UW = 4,
+                       VB = kNarrowPipeLaneBytes;
 };
 
 // f(NarrowPipeTune<T, TALL>{}) with the geometry of this problem
