@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "graph_capture.h"
 #include "selective_scan.h"
@@ -246,80 +247,68 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
   return check(jss::ss_backward(p, io, buf, stream), "selective_scan backward (CUDA)");
 }
 
+// The three handlers share the leading operands and the trailing attributes
+// (jax_selscan/_ffi.py passes them by position and by name): bound once here, as in
+// cpu_arm/selective_scan_ffi.cc. Each returns a scratch buffer last.
+auto bind_ss_operands() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Arg<ffi::AnyBuffer>()  // u
+      .Arg<ffi::AnyBuffer>()  // delta
+      .Arg<ffi::AnyBuffer>()  // A
+      .Arg<ffi::AnyBuffer>()  // B
+      .Arg<ffi::AnyBuffer>()  // C
+      .Arg<ffi::AnyBuffer>()  // D
+      .Arg<ffi::AnyBuffer>()  // z
+      .Arg<ffi::AnyBuffer>()  // delta_bias
+      .Arg<ffi::AnyBuffer>();  // h0
+}
+
+// The forward's operands and leading results (the ckpt variant adds one before the scratch).
+auto bind_ss_fwd() {
+  return bind_ss_operands()
+      .Ret<ffi::AnyBuffer>()  // out
+      .Ret<ffi::AnyBuffer>()  // last_fwd
+      .Ret<ffi::AnyBuffer>();  // last_rev
+}
+
+template <class B>
+auto with_ss_attrs(B b) {
+  return std::move(b)
+      .template Attr<bool>("delta_softplus")
+      .template Attr<int64_t>("direction")
+      .template Attr<bool>("has_D")
+      .template Attr<bool>("has_z")
+      .template Attr<bool>("has_delta_bias")
+      .template Attr<bool>("has_h0");
+}
+
 }  // namespace
 
-#define JSS_SS_ATTRS                      \
-  .Attr<bool>("delta_softplus")           \
-      .Attr<int64_t>("direction")         \
-      .Attr<bool>("has_D")                \
-      .Attr<bool>("has_z")                \
-      .Attr<bool>("has_delta_bias")       \
-      .Attr<bool>("has_h0")
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanFwdCuda, FwdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // u
-                                  .Arg<ffi::AnyBuffer>()  // delta
-                                  .Arg<ffi::AnyBuffer>()  // A
-                                  .Arg<ffi::AnyBuffer>()  // B
-                                  .Arg<ffi::AnyBuffer>()  // C
-                                  .Arg<ffi::AnyBuffer>()  // D
-                                  .Arg<ffi::AnyBuffer>()  // z
-                                  .Arg<ffi::AnyBuffer>()  // delta_bias
-                                  .Arg<ffi::AnyBuffer>()  // h0
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // last_fwd
-                                  .Ret<ffi::AnyBuffer>()  // last_rev
-                                  .Ret<ffi::AnyBuffer>()  // scratch
-                                  JSS_SS_ATTRS,
+                              with_ss_attrs(bind_ss_fwd().Ret<ffi::AnyBuffer>()),  // scratch
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanFwdCkptCuda, FwdCkptImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // u
-                                  .Arg<ffi::AnyBuffer>()  // delta
-                                  .Arg<ffi::AnyBuffer>()  // A
-                                  .Arg<ffi::AnyBuffer>()  // B
-                                  .Arg<ffi::AnyBuffer>()  // C
-                                  .Arg<ffi::AnyBuffer>()  // D
-                                  .Arg<ffi::AnyBuffer>()  // z
-                                  .Arg<ffi::AnyBuffer>()  // delta_bias
-                                  .Arg<ffi::AnyBuffer>()  // h0
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // last_fwd
-                                  .Ret<ffi::AnyBuffer>()  // last_rev
-                                  .Ret<ffi::AnyBuffer>()  // ckpt
-                                  .Ret<ffi::AnyBuffer>()  // scratch
-                                  JSS_SS_ATTRS,
+                              with_ss_attrs(bind_ss_fwd()
+                                                .Ret<ffi::AnyBuffer>()    // ckpt
+                                                .Ret<ffi::AnyBuffer>()),  // scratch
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanBwdCuda, BwdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // u
-                                  .Arg<ffi::AnyBuffer>()  // delta
-                                  .Arg<ffi::AnyBuffer>()  // A
-                                  .Arg<ffi::AnyBuffer>()  // B
-                                  .Arg<ffi::AnyBuffer>()  // C
-                                  .Arg<ffi::AnyBuffer>()  // D
-                                  .Arg<ffi::AnyBuffer>()  // z
-                                  .Arg<ffi::AnyBuffer>()  // delta_bias
-                                  .Arg<ffi::AnyBuffer>()  // h0
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // dlast_fwd
-                                  .Arg<ffi::AnyBuffer>()  // dlast_rev
-                                  .Arg<ffi::AnyBuffer>()  // ckpt (or a (0,) placeholder)
-                                  .Ret<ffi::AnyBuffer>()  // du
-                                  .Ret<ffi::AnyBuffer>()  // ddelta
-                                  .Ret<ffi::AnyBuffer>()  // dz
-                                  .Ret<ffi::AnyBuffer>()  // dA
-                                  .Ret<ffi::AnyBuffer>()  // dB
-                                  .Ret<ffi::AnyBuffer>()  // dC
-                                  .Ret<ffi::AnyBuffer>()  // dD
-                                  .Ret<ffi::AnyBuffer>()  // ddelta_bias
-                                  .Ret<ffi::AnyBuffer>()  // dh0
-                                  .Ret<ffi::AnyBuffer>()  // scratch
-                                  JSS_SS_ATTRS,
+                              with_ss_attrs(bind_ss_operands()
+                                                .Arg<ffi::AnyBuffer>()    // dout
+                                                .Arg<ffi::AnyBuffer>()    // dlast_fwd
+                                                .Arg<ffi::AnyBuffer>()    // dlast_rev
+                                                .Arg<ffi::AnyBuffer>()    // ckpt (or a (0,) placeholder)
+                                                .Ret<ffi::AnyBuffer>()    // du
+                                                .Ret<ffi::AnyBuffer>()    // ddelta
+                                                .Ret<ffi::AnyBuffer>()    // dz
+                                                .Ret<ffi::AnyBuffer>()    // dA
+                                                .Ret<ffi::AnyBuffer>()    // dB
+                                                .Ret<ffi::AnyBuffer>()    // dC
+                                                .Ret<ffi::AnyBuffer>()    // dD
+                                                .Ret<ffi::AnyBuffer>()    // ddelta_bias
+                                                .Ret<ffi::AnyBuffer>()    // dh0
+                                                .Ret<ffi::AnyBuffer>()),  // scratch
                               {ffi::Traits::kCmdBufferCompatible});
