@@ -23,7 +23,7 @@ enum Algorithm : int {
   kRowWalk = 7,      // contiguous: one warp walks one whole row
   kStridedWalk = 8,  // strided: one warp walks 32 (64 for 16-bit types) channels through L
   // Internal, with inter-block communication (a look-back over one flag per tile):
-  kStridedStage = 9,  // strided: (L-chunk x 16-byte-per-lane channel tile) staged in smem
+  kStridedStage = 9,  // strided: (L-chunk x 32-lane channel tile, StageCfg<T>::CW) staged in smem
   kRowRounds = 10,    // contiguous, few long rows: co-resident blocks fold each round's tiles
   kRowStage = 11,     // contiguous, few long rows: lookback_regs' tile staged in shared memory
   kStridedPipe = 12,  // strided: strided_stage's tile in a persistent warp-specialised pipeline
