@@ -37,6 +37,7 @@
 #include "selective_scan_bwd_cpu.h"
 #include "selective_scan_cpu.h"
 #include "huge_pages.h"
+#include "../ffi_common/selective_scan_binding.h"
 #include "pool_executor.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -277,40 +278,11 @@ ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::Any
   return ffi::Error::Success();
 }
 
-// The three handlers share the leading operands and the trailing attributes
-// (jax_selscan/_ffi.py passes them by position and by name): bound once here.
-auto bind_ss_operands() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::ThreadPool>()
-      .Arg<ffi::AnyBuffer>()  // u
-      .Arg<ffi::AnyBuffer>()  // delta
-      .Arg<ffi::AnyBuffer>()  // A
-      .Arg<ffi::AnyBuffer>()  // B
-      .Arg<ffi::AnyBuffer>()  // C
-      .Arg<ffi::AnyBuffer>()  // D
-      .Arg<ffi::AnyBuffer>()  // z
-      .Arg<ffi::AnyBuffer>()  // delta_bias
-      .Arg<ffi::AnyBuffer>();  // h0
-}
-
-// The forward's operands and results (the ckpt variant appends one result).
-auto bind_ss_fwd() {
-  return bind_ss_operands()
-      .Ret<ffi::AnyBuffer>()  // out
-      .Ret<ffi::AnyBuffer>()  // last_fwd
-      .Ret<ffi::AnyBuffer>();  // last_rev
-}
-
-template <class B>
-auto with_ss_attrs(B b) {
-  return std::move(b)
-      .template Attr<bool>("delta_softplus")
-      .template Attr<int64_t>("direction")
-      .template Attr<bool>("has_D")
-      .template Attr<bool>("has_z")
-      .template Attr<bool>("has_delta_bias")
-      .template Attr<bool>("has_h0");
-}
+// The handlers' shared operands and attributes (ffi_common/selective_scan_binding.h), with the
+// thread pool as their context.
+auto bind_ss_operands() { return jss_ffi::bind_ss_operands<ffi::ThreadPool>(); }
+auto bind_ss_fwd() { return jss_ffi::bind_ss_fwd<ffi::ThreadPool>(); }
+using jss_ffi::with_ss_attrs;
 
 }  // namespace
 }  // namespace jax_selscan

@@ -24,6 +24,7 @@
 #include <string>
 #include <utility>
 
+#include "../ffi_common/selective_scan_binding.h"
 #include "graph_capture.h"
 #include "selective_scan.h"
 #include "selective_scan_ffi.h"
@@ -247,41 +248,11 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
   return check(jss::ss_backward(p, io, buf, stream), "selective_scan backward (CUDA)");
 }
 
-// The three handlers share the leading operands and the trailing attributes
-// (jax_selscan/_ffi.py passes them by position and by name): bound once here, as in
-// cpu_arm/selective_scan_ffi.cc. Each returns a scratch buffer last.
-auto bind_ss_operands() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .Arg<ffi::AnyBuffer>()  // u
-      .Arg<ffi::AnyBuffer>()  // delta
-      .Arg<ffi::AnyBuffer>()  // A
-      .Arg<ffi::AnyBuffer>()  // B
-      .Arg<ffi::AnyBuffer>()  // C
-      .Arg<ffi::AnyBuffer>()  // D
-      .Arg<ffi::AnyBuffer>()  // z
-      .Arg<ffi::AnyBuffer>()  // delta_bias
-      .Arg<ffi::AnyBuffer>();  // h0
-}
-
-// The forward's operands and leading results (the ckpt variant adds one before the scratch).
-auto bind_ss_fwd() {
-  return bind_ss_operands()
-      .Ret<ffi::AnyBuffer>()  // out
-      .Ret<ffi::AnyBuffer>()  // last_fwd
-      .Ret<ffi::AnyBuffer>();  // last_rev
-}
-
-template <class B>
-auto with_ss_attrs(B b) {
-  return std::move(b)
-      .template Attr<bool>("delta_softplus")
-      .template Attr<int64_t>("direction")
-      .template Attr<bool>("has_D")
-      .template Attr<bool>("has_z")
-      .template Attr<bool>("has_delta_bias")
-      .template Attr<bool>("has_h0");
-}
+// The handlers' shared operands and attributes (ffi_common/selective_scan_binding.h), with the
+// stream as their context. Each handler returns a scratch buffer last.
+auto bind_ss_operands() { return jss_ffi::bind_ss_operands<ffi::PlatformStream<cudaStream_t>>(); }
+auto bind_ss_fwd() { return jss_ffi::bind_ss_fwd<ffi::PlatformStream<cudaStream_t>>(); }
+using jss_ffi::with_ss_attrs;
 
 }  // namespace
 
