@@ -280,8 +280,8 @@ ffi::Error SelectiveScanBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer u, ffi::Any
 
 // The handlers' shared operands and attributes (ffi_common/selective_scan_binding.h), with the
 // thread pool as their context.
-auto bind_ss_operands() { return jss_ffi::bind_ss_operands<ffi::ThreadPool>(); }
 auto bind_ss_fwd() { return jss_ffi::bind_ss_fwd<ffi::ThreadPool>(); }
+auto bind_ss_bwd() { return jss_ffi::bind_ss_bwd<ffi::ThreadPool>(); }
 using jss_ffi::with_ss_attrs;
 
 }  // namespace
@@ -295,17 +295,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScanCkpt, jax_selscan::Selectiv
                                                              .Ret<ffi::AnyBuffer>()));  // ckpt
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanSelectiveScanBwd, jax_selscan::SelectiveScanBwdImpl,
-                              jax_selscan::with_ss_attrs(jax_selscan::bind_ss_operands()
-                                                             .Arg<ffi::AnyBuffer>()  // dout
-                                                             .Arg<ffi::AnyBuffer>()  // dlast_fwd
-                                                             .Arg<ffi::AnyBuffer>()  // dlast_rev
-                                                             .Arg<ffi::AnyBuffer>()  // ckpt
-                                                             .Ret<ffi::AnyBuffer>()  // du
-                                                             .Ret<ffi::AnyBuffer>()  // ddelta
-                                                             .Ret<ffi::AnyBuffer>()  // dz
-                                                             .Ret<ffi::AnyBuffer>()  // dA
-                                                             .Ret<ffi::AnyBuffer>()  // dB
-                                                             .Ret<ffi::AnyBuffer>()  // dC
-                                                             .Ret<ffi::AnyBuffer>()  // dD
-                                                             .Ret<ffi::AnyBuffer>()  // ddelta_bias
-                                                             .Ret<ffi::AnyBuffer>()));  // dh0
+                              jax_selscan::with_ss_attrs(jax_selscan::bind_ss_bwd()));

@@ -250,8 +250,8 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer u, ffi::AnyBuffer delta, 
 
 // The handlers' shared operands and attributes (ffi_common/selective_scan_binding.h), with the
 // stream as their context. Each handler returns a scratch buffer last.
-auto bind_ss_operands() { return jss_ffi::bind_ss_operands<ffi::PlatformStream<cudaStream_t>>(); }
 auto bind_ss_fwd() { return jss_ffi::bind_ss_fwd<ffi::PlatformStream<cudaStream_t>>(); }
+auto bind_ss_bwd() { return jss_ffi::bind_ss_bwd<ffi::PlatformStream<cudaStream_t>>(); }
 using jss_ffi::with_ss_attrs;
 
 }  // namespace
@@ -267,19 +267,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanFwdCkptCuda, FwdCkptImpl,
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSelectiveScanBwdCuda, BwdImpl,
-                              with_ss_attrs(bind_ss_operands()
-                                                .Arg<ffi::AnyBuffer>()    // dout
-                                                .Arg<ffi::AnyBuffer>()    // dlast_fwd
-                                                .Arg<ffi::AnyBuffer>()    // dlast_rev
-                                                .Arg<ffi::AnyBuffer>()    // ckpt (or a (0,) placeholder)
-                                                .Ret<ffi::AnyBuffer>()    // du
-                                                .Ret<ffi::AnyBuffer>()    // ddelta
-                                                .Ret<ffi::AnyBuffer>()    // dz
-                                                .Ret<ffi::AnyBuffer>()    // dA
-                                                .Ret<ffi::AnyBuffer>()    // dB
-                                                .Ret<ffi::AnyBuffer>()    // dC
-                                                .Ret<ffi::AnyBuffer>()    // dD
-                                                .Ret<ffi::AnyBuffer>()    // ddelta_bias
-                                                .Ret<ffi::AnyBuffer>()    // dh0
-                                                .Ret<ffi::AnyBuffer>()),  // scratch
+                              with_ss_attrs(bind_ss_bwd().Ret<ffi::AnyBuffer>()),  // scratch
                               {ffi::Traits::kCmdBufferCompatible});

@@ -36,6 +36,26 @@ auto bind_ss_fwd() {
       .template Ret<xla::ffi::AnyBuffer>();  // last_rev
 }
 
+// The backward's operands (the forward's, then dout, dlast_fwd, dlast_rev and ckpt, a (0,)
+// placeholder when absent) and its gradients.
+template <class Ctx>
+auto bind_ss_bwd() {
+  return bind_ss_operands<Ctx>()
+      .template Arg<xla::ffi::AnyBuffer>()  // dout
+      .template Arg<xla::ffi::AnyBuffer>()  // dlast_fwd
+      .template Arg<xla::ffi::AnyBuffer>()  // dlast_rev
+      .template Arg<xla::ffi::AnyBuffer>()  // ckpt
+      .template Ret<xla::ffi::AnyBuffer>()  // du
+      .template Ret<xla::ffi::AnyBuffer>()  // ddelta
+      .template Ret<xla::ffi::AnyBuffer>()  // dz
+      .template Ret<xla::ffi::AnyBuffer>()  // dA
+      .template Ret<xla::ffi::AnyBuffer>()  // dB
+      .template Ret<xla::ffi::AnyBuffer>()  // dC
+      .template Ret<xla::ffi::AnyBuffer>()  // dD
+      .template Ret<xla::ffi::AnyBuffer>()  // ddelta_bias
+      .template Ret<xla::ffi::AnyBuffer>();  // dh0
+}
+
 // The attributes every selective-scan handler ends with.
 template <class B>
 auto with_ss_attrs(B b) {
