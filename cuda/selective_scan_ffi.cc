@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-#include <utility>
 
 #include "../ffi_common/selective_scan_binding.h"
 #include "graph_capture.h"
