@@ -12,8 +12,8 @@
 #include <memory>
 #include <new>
 #include <string>
-#include <utility>
 
+#include "../ffi_common/linear_scan_binding.h"
 #include "linear_scan_cpu.h"
 #include "huge_pages.h"
 #include "pool_executor.h"
@@ -117,36 +117,14 @@ ffi::Error LinearScanProdImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBu
   return run(pool, a, b, h0, &*h, &*a_prod, axis, reverse);
 }
 
-// Both handlers' binding: (a, b, h0) -> h, plus a_prod for the _prod variant, then
-// the attributes (jax_selscan/_ffi.py passes them by position and by name).
-template <bool kProd>
-auto bind_linear_scan() {
-  auto with_attrs = [](auto&& b) {
-    return std::move(b)
-        .template Attr<int64_t>("axis")
-        .template Attr<bool>("reverse")
-        .template Attr<int64_t>("algorithm");
-  };
-  auto ops = ffi::Ffi::Bind()
-                 .Ctx<ffi::ThreadPool>()
-                 .Arg<ffi::AnyBuffer>()  // a
-                 .Arg<ffi::AnyBuffer>()  // b
-                 .Arg<ffi::AnyBuffer>()  // h0
-                 .Ret<ffi::AnyBuffer>();  // h
-  if constexpr (kProd)
-    return with_attrs(std::move(ops).Ret<ffi::AnyBuffer>());  // a_prod
-  else
-    return with_attrs(std::move(ops));
-}
-
 }  // namespace
 }  // namespace jax_selscan
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanLinearScan, jax_selscan::LinearScanImpl,
-                              jax_selscan::bind_linear_scan<false>());
+                              jss_ffi::with_ls_attrs(jss_ffi::bind_ls<ffi::ThreadPool, false>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSelscanLinearScanProd, jax_selscan::LinearScanProdImpl,
-                              jax_selscan::bind_linear_scan<true>());
+                              jss_ffi::with_ls_attrs(jss_ffi::bind_ls<ffi::ThreadPool, true>()));
 
 // selective_scan (selective_scan_ffi.cc)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxSelscanSelectiveScan);

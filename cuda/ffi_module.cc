@@ -18,6 +18,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "../ffi_common/linear_scan_binding.h"
 #include "graph_capture.h"
 #include "linear_scan.h"
 #include "selective_scan.h"
@@ -132,33 +133,20 @@ ffi::Error LinearScanProdImpl(cudaStream_t stream, ffi::AnyBuffer a,
   return Run(stream, a, b, h0, &*h, &*aprod, &*scratch, axis, reverse, algorithm);
 }
 
+// The shared operands and attributes (ffi_common/linear_scan_binding.h), with the scratch
+// result last among the results.
+template <bool kProd>
+auto bind_linear_scan_cuda() {
+  return jss_ffi::with_ls_attrs(
+      jss_ffi::bind_ls<ffi::PlatformStream<cudaStream_t>, kProd>().template Ret<ffi::AnyBuffer>());  // scratch
+}
+
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanCuda, LinearScanImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()  // scratch
-                                  .Attr<int64_t>("axis")
-                                  .Attr<bool>("reverse")
-                                  .Attr<int64_t>("algorithm"),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanCuda, LinearScanImpl, bind_linear_scan_cuda<false>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanProdCuda, LinearScanProdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()  // scratch
-                                  .Attr<int64_t>("axis")
-                                  .Attr<bool>("reverse")
-                                  .Attr<int64_t>("algorithm"),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssLinearScanProdCuda, LinearScanProdImpl, bind_linear_scan_cuda<true>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
 NB_MODULE(_cuda, m) {
