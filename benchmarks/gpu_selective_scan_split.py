@@ -29,6 +29,8 @@ from jax_selscan.bench import scoped_env
 KNOBS = ("JAX_SELSCAN_SS_FWD_CHUNKS", "JAX_SELSCAN_SS_FWD_LANES", "JAX_SELSCAN_SS_BWD_CHUNKS",
          "JAX_SELSCAN_SS_FWD_SUB", "JAX_SELSCAN_SS_BWD_SUB")
 FEW_ROWS = [(1, 5120, 16384, 16), (1, 1536, 8192, 16), (2, 2560, 8192, 16)]
+LANES_FWD_SHAPES = [(64, 768, 512, 16), (32, 1024, 1024, 16), (8, 1536, 2048, 16), (16, 1536, 2048, 16),
+                    (12, 1536, 2048, 16), (8, 2560, 4096, 16), (4, 2048, 2048, 16), (1, 5120, 16384, 16)]
 
 
 def studies(lanes_p=("4", "8")):
@@ -51,7 +53,9 @@ def studies(lanes_p=("4", "8")):
             "sub": (FEW_ROWS, sub_fwd, sub_bwd, []),
             "bwdsub": (FEW_ROWS, [("default", {})], sub_bwd, []),
             "bidir": ([], [], [], [(8, 1536, 2048, 16), (1, 5120, 16384, 16)]),
-            "lanes": ([(64, 768, 512, 16), (8, 1536, 2048, 16)], lanes, lanes, [])}
+            "lanes": ([(64, 768, 512, 16), (8, 1536, 2048, 16)], lanes, lanes, []),
+            # the forward alone over last-wave fills of 4 and 8 lanes from equal to far apart (notes 26)
+            "lanes_fwd": (LANES_FWD_SHAPES, lanes, [], [])}
 
 
 def knobs(env):
@@ -189,7 +193,7 @@ def main():
     ap.add_argument("--study", default="plans", choices=sorted(studies()),
                     help="plans: chunks and lanes at few rows, bidirectional (bidir: that alone); sub: phase A's sub-chunks (bwdsub: "
                          "the backward's only); "
-                         "lanes: the forward's lanes with and without the backward")
+                         "lanes: the forward's lanes with and without the backward; lanes_fwd: the forward's alone, at more shapes")
     ap.add_argument("--lanes", default="4,8",
                     help="lanes study: the lanes per row to force, comma-separated (an experimental "
                          "build may take others)")
@@ -206,12 +210,12 @@ def main():
         pass
     for shape in shapes:
         for dtype in ("float32", "bfloat16"):
-            r = sweep(shape, dtype, "fwd", fwd_settings, opt.passes, opt.budget_ms)
-            res["fwd"].append({"shape": shape, "dtype": dtype, "times": r})
-            print("fwd", shape, dtype, " ".join(f"{k}: {v['us']:.0f}" for k, v in r.items()), flush=True)
-            r = sweep(shape, dtype, "fwd_bwd", bwd_settings, opt.passes, opt.budget_ms)
-            res["fwd_bwd"].append({"shape": shape, "dtype": dtype, "times": r})
-            print("fwd+bwd", shape, dtype, " ".join(f"{k}: {v['us']:.0f}" for k, v in r.items()), flush=True)
+            for kind, key, settings in (("fwd", "fwd", fwd_settings), ("fwd_bwd", "fwd+bwd", bwd_settings)):
+                if not settings:
+                    continue
+                r = sweep(shape, dtype, kind, settings, opt.passes, opt.budget_ms)
+                res[kind].append({"shape": shape, "dtype": dtype, "times": r})
+                print(key, shape, dtype, " ".join(f"{k}: {v['us']:.0f}" for k, v in r.items()), flush=True)
     for shape in bidir_shapes:
         for dtype in ("float32", "bfloat16"):
             r = bidirectional(shape, dtype, opt.passes, opt.budget_ms)
@@ -219,7 +223,7 @@ def main():
             print("bidir", shape, dtype, {k: round(v, 2) for k, v in r.items()}, flush=True)
     stem = os.path.join(opt.out, "gpu_selective_scan_split" + ("" if opt.study == "plans" else "_" + opt.study))
     res["command"] = (f"python3 -P benchmarks/gpu_selective_scan_split.py --study {opt.study}"
-                      f"{' --lanes ' + opt.lanes if opt.study == 'lanes' else ''} --passes {opt.passes} "
+                      f"{' --lanes ' + opt.lanes if opt.study.startswith('lanes') else ''} --passes {opt.passes} "
                       f"--budget-ms {opt.budget_ms:g}")
     with open(stem + ".json", "w") as f:
         json.dump(res, f, indent=1)
