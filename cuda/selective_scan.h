@@ -154,8 +154,16 @@ int64_t ss_fwd_chunks(const SsProblem& p, int sms, int lanes);
 // threads, split only at <= 2 blocks per SM); JAX_SELSCAN_SS_BWD_CHUNKS=n forces n.
 int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_block);
 
-// The busy fraction of the last wave of a grid of `blocks` on `slots` resident blocks (the
-// plans' chunk counts and the forward's lanes are chosen by it).
+// The busy fraction of the waves of a grid of `blocks` on `slots` resident blocks, blocks /
+// (waves x slots) (the plans' chunk counts and the forward's lanes are chosen by it).
 double ss_last_wave_fill(int64_t blocks, int64_t slots);
+
+// The staged forward's lanes per row at N <= 16, 4 (4 states each) or 8 (2 states), from the
+// fills of its grid of `blocks` on `sms` SMs holding per_sm4 / per_sm8 blocks of either.
+// `ys`: the walk sums y (every mode but the checkpoint sweep); `plain`: the forward that
+// neither saves checkpoints nor feeds a bidirectional pass (kFinal without ckpt);
+// `elem_bytes`: of u / delta / z. PERFORMANCE_SELECTIVE_SCAN_CUDA 16, 17.1 and 26.
+int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain,
+                        int elem_bytes);
 
 }  // namespace jss

@@ -688,15 +688,15 @@ cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The last wave's fill of a grid of `blocks` over this GPU's SMs running `per_sm` each.
-inline double wave_fill(int64_t blocks, int per_sm) {
+// This GPU's SM count (read once).
+inline int64_t sm_count() {
   static const int sms = [] {
     int dev = 0, n = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
     return n > 0 ? n : 1;
   }();
-  return ss_last_wave_fill(blocks, static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1));
+  return sms;
 }
 
 template <class T, int P, int NS>
@@ -713,16 +713,13 @@ int staged_blocks_per_sm() {
   return n;
 }
 
-// Lanes per row and states per lane. N <= 16: 8 lanes of 2 states unless 4 lanes of 4 fill
-// the GPU's last wave clearly better. 4 lanes issue fewer instructions per element but wait
-// more on shared memory; measured at equal fills (64 x 768 rows: 1536 blocks, 97% on either)
-// 8 lanes were as fast for the forward and 24-34 us faster for the forward that saves the
-// backward's checkpoints (PERFORMANCE_SELECTIVE_SCAN_CUDA 16). Fill, e.g. 12288 rows: 384
-// blocks fill 73% of the 528 slots of 4 blocks/SM (4 lanes), 97% of the 396 slots of the
-// 8-lane blocks, which fit 3 per SM. More states: as many lanes as N needs.
+// Lanes per row and states per lane. N <= 16: 8 lanes of 2 states or 4 lanes of 4, by the fills
+// of the GPU's waves (ss_staged_fwd_lanes: 4 lanes for the plain forward unless 8 fill the waves
+// clearly better, else 8 unless 4 do). Fill, e.g. 12288 rows: 384 blocks fill 73% of the 528
+// slots of 4 blocks/SM (4 lanes), 97% of the 396 slots of the 8-lane blocks, which fit 3 per SM.
+// More states: as many lanes as N needs.
 // `chunks`: the grid's L chunks (blockIdx.y): a.nch, or for phase A of the split the sub-chunks
-// before the last chunk. The checkpoint sweep: 4 lanes unless 8 fill the last wave clearly
-// better. Phase A (its own kernel, 8 blocks of 4 lanes per SM): 4 lanes.
+// before the last chunk. Phase A (its own kernel, 8 blocks of 4 lanes per SM): 4 lanes.
 template <class T>
 cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t N = a.p.N;
@@ -735,14 +732,10 @@ cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
     if (e[0] == '8') return launch_staged<T, 8, 2>(a, chunks, stream);
   }
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows) * chunks;
-  const double f4 = wave_fill(blocks, staged_blocks_per_sm<T, 4, 4>());
-  const double f8 = wave_fill(blocks, staged_blocks_per_sm<T, 8, 2>());
-  // The walks without y (the checkpoint sweep; phase A of the split, before it had a kernel of
-  // its own) have no y sums across a row's lanes, and there 4 lanes were the faster at equal
-  // fills (1584 blocks of phase A at (1, 4224, 16384): 4 lanes 1278 us, 8 lanes 1355, float32;
-  // notes 17.1): the tie goes the other way.
-  const bool ys = a.mode != kCheckpoint;
-  if (ys ? f4 > f8 + 0.05 : f4 + 0.05 >= f8) return launch_staged<T, 4, 4>(a, chunks, stream);
+  const bool ys = a.mode != kCheckpoint, plain = a.mode == kFinal && a.ckpt == nullptr;
+  if (ss_staged_fwd_lanes(blocks, sm_count(), staged_blocks_per_sm<T, 4, 4>(), staged_blocks_per_sm<T, 8, 2>(), ys,
+                          plain, static_cast<int>(sizeof(T))) == 4)
+    return launch_staged<T, 4, 4>(a, chunks, stream);
   return launch_staged<T, 8, 2>(a, chunks, stream);
 }
 
