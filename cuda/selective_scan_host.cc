@@ -90,19 +90,18 @@ double ss_last_wave_fill(int64_t blocks, int64_t slots) {
   return w / std::ceil(w);
 }
 
-int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain,
-                        int elem_bytes) {
+int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain) {
   const double f4 = ss_last_wave_fill(blocks, sms * std::max(per_sm4, 1));
   const double f8 = ss_last_wave_fill(blocks, sms * std::max(per_sm8, 1));
   // The walks without y (the checkpoint sweep) have no y sums across a row's lanes; there 4
   // lanes were the faster at equal fills (notes 17.1).
   if (!ys) return f4 + 0.05 >= f8 ? 4 : 8;
-  // The plain forward: 4 lanes issue fewer instructions per element (a y reduce-scatter over
-  // 4 lanes, each (B, C) load serving 8 rows) and were 5% (float32) and 9% (bfloat16) faster at equal
-  // fills; in 16-bit, 3-4% faster still with 73% of a wave's slots busy against 8 lanes' 97%,
-  // and 1-2% slower at 55-61% against 73-81% (H100, notes 26.2).
-  if (plain && f4 + 0.05 >= f8) return 4;
-  if (plain && elem_bytes == 2 && f4 >= 0.7 && f4 + 0.25 >= f8) return 4;
+  // The plain forward at equal fills of at least a wave: 4 lanes issue fewer instructions per
+  // element (a y reduce-scatter over 4 lanes, each (B, C) load serving 8 rows); 5% (float32)
+  // and 9% (bfloat16) faster on an H100, level on the H200 with session 20's kernels (notes 26,
+  // 16). Where 8 lanes fill the waves better the H200 ran 4 lanes 14-16% slower, and a grid
+  // short of a wave waits on each block's walk, which 8 lanes make shorter: both keep 8.
+  if (plain && blocks >= sms * per_sm8 && f4 + 0.05 >= f8) return 4;
   // Otherwise 8 lanes unless 4 fill the GPU clearly better: the forward that saves the
   // backward's checkpoints ran 1.5-4% slower on 4 lanes at equal fills (notes 16, 26).
   return f4 > f8 + 0.05 ? 4 : 8;

@@ -715,7 +715,7 @@ int staged_blocks_per_sm() {
 
 // Lanes per row and states per lane. N <= 16: 8 lanes of 2 states or 4 lanes of 4, by the fills
 // of the GPU's waves (ss_staged_fwd_lanes: 4 lanes for the plain forward unless 8 fill the waves
-// clearly better, else 8 unless 4 do). Fill, e.g. 12288 rows: 384 blocks fill 73% of the 528
+// better, else 8 unless 4 fill them clearly better). Fill, e.g. 12288 rows: 384 blocks fill 73% of the 528
 // slots of 4 blocks/SM (4 lanes), 97% of the 396 slots of the 8-lane blocks, which fit 3 per SM.
 // More states: as many lanes as N needs.
 // `chunks`: the grid's L chunks (blockIdx.y): a.nch, or for phase A of the split the sub-chunks
@@ -734,7 +734,7 @@ cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows) * chunks;
   const bool ys = a.mode != kCheckpoint, plain = a.mode == kFinal && a.ckpt == nullptr;
   if (ss_staged_fwd_lanes(blocks, sm_count(), staged_blocks_per_sm<T, 4, 4>(), staged_blocks_per_sm<T, 8, 2>(), ys,
-                          plain, static_cast<int>(sizeof(T))) == 4)
+                          plain) == 4)
     return launch_staged<T, 4, 4>(a, chunks, stream);
   return launch_staged<T, 8, 2>(a, chunks, stream);
 }
