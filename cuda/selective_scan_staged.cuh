@@ -713,11 +713,10 @@ int staged_blocks_per_sm() {
   return n;
 }
 
-// Lanes per row and states per lane. N <= 16: 8 lanes of 2 states or 4 lanes of 4, by the fills
-// of the GPU's waves (ss_staged_fwd_lanes: 4 lanes for the plain forward unless 8 fill the waves
-// better, else 8 unless 4 fill them clearly better). Fill, e.g. 12288 rows: 384 blocks fill 73% of the 528
-// slots of 4 blocks/SM (4 lanes), 97% of the 396 slots of the 8-lane blocks, which fit 3 per SM.
-// More states: as many lanes as N needs.
+// Lanes per row and states per lane. N <= 16: 8 lanes of 2 states or 4 lanes of 4, by the
+// fills of the GPU's waves (ss_staged_fwd_lanes). Fill, e.g. 12288 rows: 384 blocks fill 73%
+// of the 528 slots of 4 blocks/SM (4 lanes), 97% of the 396 slots of the 8-lane blocks, which
+// fit 3 per SM. More states: as many lanes as N needs.
 // `chunks`: the grid's L chunks (blockIdx.y): a.nch, or for phase A of the split the sub-chunks
 // before the last chunk. Phase A (its own kernel, 8 blocks of 4 lanes per SM): 4 lanes.
 template <class T>
