@@ -156,7 +156,7 @@ int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_blo
 
 // The busy fraction of the waves of a grid of `blocks` on `slots` resident blocks, blocks /
 // (waves x slots) (the plans' chunk counts and the forward's lanes are chosen by it).
-double ss_last_wave_fill(int64_t blocks, int64_t slots);
+double ss_wave_fill(int64_t blocks, int64_t slots);
 
 // The staged forward's lanes per row at N <= 16, 4 (4 states each) or 8 (2 states), from the
 // fills of its grid of `blocks` on `sms` SMs holding per_sm4 / per_sm8 blocks of either.

@@ -61,9 +61,9 @@ void bwd_grid(const SsProblem& p, int sms, bool staged, int rows_per_block, int6
 // before the last (forward) or after the first (backward), which fills few of the GPU's slots
 // when there are few rows (e.g. 160 row blocks x 2 chunks on 528 slots: 61%); walking each
 // such chunk as m sub-chunks gives m times the blocks of 1/m the length, and the carries fold
-// m times as many aggregates. Of m = 1..8, the one whose last wave is busiest (the smallest
-// on ties), among those whose sub-chunks keep >= kMinSubTiles tiles: shorter blocks lost more
-// to their pipeline's fill and drain than the fill gained (measured on the H200,
+// m times as many aggregates. Of m = 1..8, the one whose waves are busiest (ss_wave_fill; the
+// smallest on ties), among those whose sub-chunks keep >= kMinSubTiles tiles: shorter blocks
+// lost more to their pipeline's fill and drain than the fill gained (measured on the H200,
 // PERFORMANCE_SELECTIVE_SCAN_CUDA 15.1, 16.4). `env` (JAX_SELSCAN_SS_FWD_SUB / _BWD_SUB,
 // measurements) forces it.
 constexpr int64_t kMinSubTiles = 24;
@@ -73,7 +73,7 @@ int64_t phase_a_sub(const char* env, int64_t blocks, int64_t chunks_a, int64_t s
   if (m < 1) {
     double best = -1.0;
     for (int64_t k = 1; k <= 8 && (k == 1 || tiles_per_chunk / k >= kMinSubTiles); ++k) {
-      const double fill = ss_last_wave_fill(blocks * chunks_a * k, slots);
+      const double fill = ss_wave_fill(blocks * chunks_a * k, slots);
       if (fill > best + 1e-9) {
         best = fill;
         m = k;
@@ -85,14 +85,14 @@ int64_t phase_a_sub(const char* env, int64_t blocks, int64_t chunks_a, int64_t s
 
 }  // namespace
 
-double ss_last_wave_fill(int64_t blocks, int64_t slots) {
+double ss_wave_fill(int64_t blocks, int64_t slots) {
   const double w = static_cast<double>(blocks) / static_cast<double>(slots > 0 ? slots : 1);
   return w / std::ceil(w);
 }
 
 int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain) {
-  const double f4 = ss_last_wave_fill(blocks, sms * std::max(per_sm4, 1));
-  const double f8 = ss_last_wave_fill(blocks, sms * std::max(per_sm8, 1));
+  const double f4 = ss_wave_fill(blocks, sms * std::max(per_sm4, 1));
+  const double f8 = ss_wave_fill(blocks, sms * std::max(per_sm8, 1));
   // The walks without y (the checkpoint sweep) have no y sums across a row's lanes; there 4
   // lanes were the faster at equal fills (notes 17.1).
   if (!ys) return f4 + 0.05 >= f8 ? 4 : 8;
@@ -158,14 +158,14 @@ int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_blo
   const int64_t base = slots / blocks;
   int64_t n = base;
   if (staged) {
-    // The smallest n from slots / blocks up to twice that + 3 whose grid fills its last wave
-    // to >= 90%; else, where slots / blocks is 2 or 3, twice as many. Measured on the H200
+    // The smallest n from slots / blocks up to twice that + 3 whose grid keeps its waves
+    // >= 90% busy (ss_wave_fill); else, where slots / blocks is 2 or 3, twice as many. Measured on the H200
     // (PERFORMANCE_SELECTIVE_SCAN_CUDA 14.1, 17.3), fwd+bwd of (1, 5120, 16384), 160 row blocks:
     // 2 chunks (81%) 6.68 ms, 3 (61%) 7.21, 4 (1.62 waves) 6.32 in one run; 4 chunks 6.16,
     // 7 (2.83 waves, 94%) 5.91 in another; at 132 row blocks 3 chunks (one full wave) beat 6.
     int64_t pick = 0;
     for (int64_t k = base; k <= 2 * base + 3 && !pick; ++k)
-      if (ss_last_wave_fill(blocks * k, slots) >= 0.9) pick = k;
+      if (ss_wave_fill(blocks * k, slots) >= 0.9) pick = k;
     n = pick ? pick : (base <= 3 ? 2 * base : base);
   }
   n = std::min(n, p.L / 256);
