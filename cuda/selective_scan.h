@@ -154,6 +154,9 @@ int64_t ss_fwd_chunks(const SsProblem& p, int sms, int lanes);
 // threads, split only at <= 2 blocks per SM); JAX_SELSCAN_SS_BWD_CHUNKS=n forces n.
 int64_t ss_bwd_chunks(const SsProblem& p, int sms, bool staged, int rows_per_block);
 
+// SMs of the current device (132 when it cannot be asked: a plan must not fail).
+int ss_device_sms();
+
 // The busy fraction of the waves of a grid of `blocks` on `slots` resident blocks, blocks /
 // (waves x slots) (the plans' chunk counts and the forward's lanes are chosen by it).
 double ss_wave_fill(int64_t blocks, int64_t slots);

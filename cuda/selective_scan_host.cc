@@ -19,16 +19,6 @@ int64_t pow2ceil(int64_t x) {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-// SMs of the current device (132 when it cannot be asked: the plan must not fail).
-int device_sms() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-    cudaGetLastError();
-    return 132;
-  }
-  return n;
-}
-
 // States per lane: 4 when N allows (the exponentials of 4 states per step keep the lane
 // busy between the shuffles of the per-step y sum); fewer, i.e. more lanes per row, when
 // there are few rows, so that enough warps are in flight (tuned on the H200: see
@@ -84,6 +74,15 @@ int64_t phase_a_sub(const char* env, int64_t blocks, int64_t chunks_a, int64_t s
 }
 
 }  // namespace
+
+int ss_device_sms() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+    cudaGetLastError();
+    return 132;
+  }
+  return n;
+}
 
 double ss_wave_fill(int64_t blocks, int64_t slots) {
   const double w = static_cast<double>(blocks) / static_cast<double>(slots > 0 ? slots : 1);
@@ -203,7 +202,7 @@ SsPlan ss_plan(const SsProblem& p, bool backward, bool saved_ckpt) {
   };
   // Whole 32-step tiles per chunk and per sub-chunk, at most 65535 of either (the grid's y
   // extent); `sub_env`, blocks, slots: phase_a_sub.
-  const int sms = device_sms();
+  const int sms = ss_device_sms();
   auto split = [&](int64_t want, const char* sub_env, int64_t blocks, int64_t slots, int64_t* nch,
                    int64_t* steps, int64_t* sub, int64_t* sub_steps, int64_t* nsub) {
     const int64_t tiles = (p.L + 31) / 32;

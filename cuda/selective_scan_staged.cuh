@@ -688,17 +688,6 @@ cudaError_t launch_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// This GPU's SM count (read once).
-inline int64_t sm_count() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 1;
-  }();
-  return sms;
-}
-
 template <class T, int P, int NS>
 int staged_blocks_per_sm() {
   static const int n = [] {
@@ -732,7 +721,7 @@ cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   }
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows) * chunks;
   const bool ys = a.mode != kCheckpoint, plain = a.mode == kFinal && a.ckpt == nullptr;
-  if (ss_staged_fwd_lanes(blocks, sm_count(), staged_blocks_per_sm<T, 4, 4>(), staged_blocks_per_sm<T, 8, 2>(), ys,
+  if (ss_staged_fwd_lanes(blocks, ss_device_sms(), staged_blocks_per_sm<T, 4, 4>(), staged_blocks_per_sm<T, 8, 2>(), ys,
                           plain) == 4)
     return launch_staged<T, 4, 4>(a, chunks, stream);
   return launch_staged<T, 8, 2>(a, chunks, stream);
