@@ -523,6 +523,16 @@ def test_bitwise_deterministic_forward_and_backward(direction):
 
 # --- more than 2^31 elements -----------------------------------------------------------------
 
+def _tails(f, *args, window=64):
+    """f(*args)'s arrays cut to their last `window` steps inside the jit, as float64. Only the
+    tails leave the device: eager slices of the multi-GiB arrays (XLA's dynamic_slice) asked the
+    allocator for tens of GiB more, which ran an 80 GB H100 out of memory after earlier tests."""
+    L = args[0].shape[-1]
+    cut = lambda v: v[..., L - window:].astype(F32)
+    outs = jax.jit(lambda *a: [cut(v) for v in f(*a)])(*args)
+    return [np.asarray(v, np.float64) for v in outs]
+
+
 @pytest.mark.skipif(os.environ.get("JAX_SELSCAN_BIG_TESTS") != "1", reason="set JAX_SELSCAN_BIG_TESTS=1 (needs ~25 GB of GPU memory)")
 def test_more_than_2_31_elements():
     # Row 1 of u starts past 2^30 elements and ends past 2^31: a strongly decaying state
@@ -538,11 +548,8 @@ def test_more_than_2_31_elements():
     A = jnp.asarray(-4.0 - rng.uniform(0, 1, (dim, dstate)), F32)
     B = jnp.asarray(rng.standard_normal((dim, dstate)), F32)
     C = jnp.asarray(rng.standard_normal((dim, dstate)), F32)
-    out = jax.jit(lambda u, d: selective_scan(u, d, A, B, C))(u, delta)
-    tail = slice(L - 64, L)
-    want = selective_scan_ref(u[..., tail].astype(jnp.float64), delta[..., tail].astype(jnp.float64),
-                              A.astype(jnp.float64), B.astype(jnp.float64), C.astype(jnp.float64))
-    got = out[..., tail]
+    got, u_t, d_t = _tails(lambda u, d: [selective_scan(u, d, A, B, C), u, d], u, delta)
+    want = selective_scan_ref(u_t, d_t, A.astype(jnp.float64), B.astype(jnp.float64), C.astype(jnp.float64))
     assert rel_err(got[..., 8:], want[..., 8:]) < FWD_TOL[BF16]
 
 
@@ -558,11 +565,9 @@ def test_more_than_2_31_elements_staged():
     A = jnp.asarray(-4.0 - rng.uniform(0, 1, (dim, dstate)), F32)
     B = jax.random.normal(k2, (1, dstate, L), BF16)
     C = jax.random.normal(k3, (1, dstate, L), BF16)
-    out = jax.jit(lambda u, d, B, C: selective_scan(u, d, A, B, C))(u, delta, B, C)
-    tail = slice(L - 64, L)
-    f64 = lambda v: v[..., tail].astype(jnp.float64)
-    want = selective_scan_ref(f64(u), f64(delta), A.astype(jnp.float64), f64(B), f64(C))
-    assert rel_err(out[..., tail][..., 8:], want[..., 8:]) < FWD_TOL[BF16]
+    got, *x = _tails(lambda u, d, B, C: [selective_scan(u, d, A, B, C), u, d, B, C], u, delta, B, C)
+    want = selective_scan_ref(x[0], x[1], A.astype(jnp.float64), x[2], x[3])
+    assert rel_err(got[..., 8:], want[..., 8:]) < FWD_TOL[BF16]
 
 
 def _far_end_gradients(L, dim=32, dstate=16, window=64):
@@ -582,11 +587,9 @@ def _far_end_gradients(L, dim=32, dstate=16, window=64):
     def grads(f, A, *x):
         return jax.vjp(lambda u, d, B, C: f(u, d, A, B, C), *x[:4])[1](x[4])
 
-    got = jax.jit(lambda *x: grads(selective_scan, A, *x))(u, delta, B, C, cot)
-    tail = slice(L - window, L)
-    f64 = lambda v: v[..., tail].astype(jnp.float64)
-    want = grads(selective_scan_ref, A.astype(jnp.float64), *map(f64, (u, delta, B, C, cot)))
-    return [rel_err(g[..., tail][..., 8:], w[..., 8:]) for g, w in zip(got, want)]
+    tails = _tails(lambda *x: [*grads(selective_scan, A, *x), *x], u, delta, B, C, cot, window=window)
+    want = grads(selective_scan_ref, A.astype(jnp.float64), *tails[4:])
+    return [rel_err(g[..., 8:], w[..., 8:]) for g, w in zip(tails[:4], want)]
 
 
 def test_far_end_gradients_small():
