@@ -2,6 +2,7 @@
 #include "selective_scan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -76,11 +77,20 @@ int64_t phase_a_sub(const char* env, int64_t blocks, int64_t chunks_a, int64_t s
 }  // namespace
 
 int ss_device_sms() {
+  // Asked once per device: every staged forward launch and every plan calls this.
+  static std::atomic<int> known[64] = {};  // 0: not asked yet
   int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+  if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
     return 132;
   }
+  const bool cached = dev >= 0 && dev < 64;
+  if (cached && (n = known[dev].load(std::memory_order_relaxed)) > 0) return n;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+    cudaGetLastError();
+    return 132;
+  }
+  if (cached) known[dev].store(n, std::memory_order_relaxed);
   return n;
 }
 
@@ -90,8 +100,10 @@ double ss_wave_fill(int64_t blocks, int64_t slots) {
 }
 
 int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain) {
-  const double f4 = ss_wave_fill(blocks, sms * std::max(per_sm4, 1));
-  const double f8 = ss_wave_fill(blocks, sms * std::max(per_sm8, 1));
+  per_sm4 = std::max(per_sm4, 1);  // an occupancy query that failed: count one block per SM
+  per_sm8 = std::max(per_sm8, 1);
+  const double f4 = ss_wave_fill(blocks, sms * per_sm4);
+  const double f8 = ss_wave_fill(blocks, sms * per_sm8);
   // The walks without y (the checkpoint sweep) have no y sums across a row's lanes; there 4
   // lanes were the faster at equal fills (notes 17.1).
   if (!ys) return f4 + 0.05 >= f8 ? 4 : 8;
