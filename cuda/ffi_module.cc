@@ -251,10 +251,13 @@ NB_MODULE(_cuda, m) {
     return nb::make_tuple(f.nch, f.sub, b.bnch, b.bsub);
   });
   // The staged forward's lanes per row at N <= 16 for a grid of `blocks` on `sms` SMs holding
-  // per_sm4 / per_sm8 blocks of 4 / 8 lanes (ss_staged_fwd_lanes; the kernels ask the GPU).
-  m.def("selective_scan_staged_lanes", [](int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain) {
+  // per_sm4 / per_sm8 blocks of 4 / 8 lanes (ss_staged_fwd_lanes; the kernels ask the GPU), for
+  // elements of elem_bytes.
+  m.def("selective_scan_staged_lanes", [](int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain,
+                                          int elem_bytes) {
     if (blocks < 1 || sms < 1 || per_sm4 < 1 || per_sm8 < 1) throw nb::value_error("unsupported grid");
-    return jss::ss_staged_fwd_lanes(blocks, sms, per_sm4, per_sm8, ys, plain);
+    if (elem_bytes != 2 && elem_bytes != 4) throw nb::value_error("elem_bytes must be 2 or 4");
+    return jss::ss_staged_fwd_lanes(blocks, sms, per_sm4, per_sm8, ys, plain, elem_bytes);
   });
   m.def("selective_scan_geometry", [](int64_t N, int64_t rows) {
     return nb::make_tuple(jss::ss_states_per_thread(N, rows), jss::ss_lanes_per_row(N, rows));

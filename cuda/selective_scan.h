@@ -164,8 +164,9 @@ double ss_wave_fill(int64_t blocks, int64_t slots);
 // The staged forward's lanes per row at N <= 16, 4 (4 states each) or 8 (2 states), from the
 // fills of its grid of `blocks` on `sms` SMs holding per_sm4 / per_sm8 blocks of either.
 // `ys`: the walk sums y (every mode but the checkpoint sweep); `plain`: the forward that
-// neither saves checkpoints nor feeds a bidirectional pass (kFinal without ckpt).
-// PERFORMANCE_SELECTIVE_SCAN_CUDA 16, 17.1 and 26.
-int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain);
+// neither saves checkpoints nor feeds a bidirectional pass (kFinal without ckpt); `elem_bytes`:
+// the size of u's elements (2 for bfloat16 / float16). PERFORMANCE_SELECTIVE_SCAN_CUDA 16, 17.1, 26.
+int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain,
+                        int elem_bytes);
 
 }  // namespace jss

@@ -99,7 +99,8 @@ double ss_wave_fill(int64_t blocks, int64_t slots) {
   return w / std::ceil(w);
 }
 
-int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain) {
+int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, bool ys, bool plain,
+                        int elem_bytes) {
   per_sm4 = std::max(per_sm4, 1);  // an occupancy query that failed: count one block per SM
   per_sm8 = std::max(per_sm8, 1);
   const double f4 = ss_wave_fill(blocks, sms * per_sm4);
@@ -113,6 +114,11 @@ int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, b
   // 16). Where 8 lanes fill the waves better the H200 ran 4 lanes 14-16% slower, and a grid
   // short of a wave waits on each block's walk, which 8 lanes make shorter: both keep 8.
   if (plain && blocks >= sms * per_sm8 && f4 + 0.05 >= f8) return 4;
+  // In 16-bit the plain forward also takes 4 lanes while they keep >= 70% of their slots busy
+  // and 8 lanes fill at most 25 points more: 3-4% faster at 73% against 97% (a grid just short
+  // of one 8-lane wave), 2% slower at 55-61% against 73-81%, on an H100 and on the H200 alike
+  // with today's kernels (notes 26.5; session 20's 14% loss on the H200 was older kernels').
+  if (plain && elem_bytes == 2 && f4 >= 0.7 && f4 + 0.25 >= f8) return 4;
   // Otherwise 8 lanes unless 4 fill the GPU clearly better: the forward that saves the
   // backward's checkpoints ran 1.5-4% slower on 4 lanes at equal fills (notes 16, 26).
   return f4 > f8 + 0.05 ? 4 : 8;

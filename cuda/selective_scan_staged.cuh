@@ -722,7 +722,7 @@ cudaError_t fwd_staged(const FwdArgs& a, int chunks, cudaStream_t stream) {
   const int64_t blocks = a.p.batch * ((a.p.dim + kSRows - 1) / kSRows) * chunks;
   const bool ys = a.mode != kCheckpoint, plain = a.mode == kFinal && a.ckpt == nullptr;
   if (ss_staged_fwd_lanes(blocks, ss_device_sms(), staged_blocks_per_sm<T, 4, 4>(), staged_blocks_per_sm<T, 8, 2>(), ys,
-                          plain) == 4)
+                          plain, static_cast<int>(sizeof(T))) == 4)
     return launch_staged<T, 4, 4>(a, chunks, stream);
   return launch_staged<T, 8, 2>(a, chunks, stream);
 }

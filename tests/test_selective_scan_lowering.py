@@ -132,21 +132,26 @@ def test_geometry_hook():
     assert _cuda.selective_scan_geometry(128, 1 << 20) == (4, 32)
 
 
-@pytest.mark.parametrize("shape, plain, saving, sweep", [
-    # (batch, D, L): 32-row blocks; the lanes of the plain forward, of the forward saving
-    # checkpoints and of the checkpoint sweep on 132 SMs (PERFORMANCE_SELECTIVE_SCAN_CUDA 26)
-    ((64, 768, 512), 4, 8, 4),      # fills 0.97 / 0.97: a tie
-    ((32, 1024, 1024), 4, 4, 4),    # 0.97 / 0.86: 4 lanes fill better
-    ((8, 1536, 2048), 8, 8, 8),     # 0.73 / 0.97: 8 lanes fill better
-    ((12, 1536, 2048), 8, 8, 8),    # 0.55 / 0.73
-    ((8, 2560, 4096), 8, 8, 8),     # 0.61 / 0.81
-    ((1, 64, 2048), 8, 8, 4),       # 2 blocks, short of a wave (the tests' grids): 8, but 4 without y
+@pytest.mark.parametrize("shape, plain, plain16, saving, sweep", [
+    # (batch, D, L): 32-row blocks; the lanes of the plain forward (float32, then 16-bit), of the
+    # forward saving checkpoints and of the checkpoint sweep on 132 SMs
+    # (PERFORMANCE_SELECTIVE_SCAN_CUDA 26)
+    ((64, 768, 512), 4, 4, 8, 4),      # fills 0.97 / 0.97: a tie
+    ((32, 1024, 1024), 4, 4, 4, 4),    # 0.97 / 0.86: 4 lanes fill better
+    ((8, 1536, 2048), 8, 4, 8, 8),     # 0.73 / 0.97: 8 lanes fill better; 16-bit: 4 lanes (26.5)
+    ((16, 1536, 2048), 8, 4, 8, 8),    # 0.73 / 0.97
+    ((12, 1536, 2048), 8, 8, 8, 8),    # 0.55 / 0.73
+    ((8, 2560, 4096), 8, 8, 8, 8),     # 0.61 / 0.81
+    ((1, 64, 2048), 8, 8, 8, 4),       # 2 blocks, short of a wave (the tests' grids): 8, but 4 without y
 ])
-def test_staged_forward_lanes(shape, plain, saving, sweep):
+def test_staged_forward_lanes(shape, plain, plain16, saving, sweep):
     from jax_selscan import _cuda
     b, D, _ = shape
-    lanes = lambda ys, plain: _cuda.selective_scan_staged_lanes(b * D // 32, 132, 4, 3, ys, plain)
-    assert (lanes(True, True), lanes(True, False), lanes(False, False)) == (plain, saving, sweep)
+    lanes = lambda ys, plain, eb=4: _cuda.selective_scan_staged_lanes(b * D // 32, 132, 4, 3, ys, plain, eb)
+    assert (lanes(True, True), lanes(True, True, 2), lanes(True, False), lanes(False, False)) == \
+        (plain, plain16, saving, sweep)
+    # Only the plain forward's choice depends on the element size.
+    assert (lanes(True, False, 2), lanes(False, False, 2)) == (saving, sweep)
 
 
 def _plan_gpu_is_an_h200_or_none():
