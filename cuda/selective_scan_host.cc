@@ -110,14 +110,14 @@ int ss_staged_fwd_lanes(int64_t blocks, int64_t sms, int per_sm4, int per_sm8, b
   if (!ys) return f4 + 0.05 >= f8 ? 4 : 8;
   // The plain forward at equal fills of at least a wave: 4 lanes issue fewer instructions per
   // element (a y reduce-scatter over 4 lanes, each (B, C) load serving 8 rows); 5% (float32)
-  // and 9% (bfloat16) faster on an H100, level on the H200 with session 20's kernels (notes 26,
-  // 16). Where 8 lanes fill the waves better the H200 ran 4 lanes 14-16% slower, and a grid
-  // short of a wave waits on each block's walk, which 8 lanes make shorter: both keep 8.
+  // and 9% (bfloat16) faster on an H100 and on the H200 (notes 26.4, 26.5). A grid short of a
+  // wave waits on each block's walk, which 8 lanes make shorter.
   if (plain && blocks >= sms * per_sm8 && f4 + 0.05 >= f8) return 4;
-  // In 16-bit the plain forward also takes 4 lanes while they keep >= 70% of their slots busy
-  // and 8 lanes fill at most 25 points more: 3-4% faster at 73% against 97% (a grid just short
-  // of one 8-lane wave), 2% slower at 55-61% against 73-81%, on an H100 and on the H200 alike
-  // with today's kernels (notes 26.5; session 20's 14% loss on the H200 was older kernels').
+  // Where 8 lanes fill the waves better, float32 ran 4 lanes 2-20% slower. 16-bit ran them 3-4%
+  // faster at 73% against 97% (a grid just short of one 8-lane wave) and 2% slower at 55-61%
+  // against 73-81%, on an H100 and on the H200 alike (notes 26.5; the H200's 14% loss in
+  // session 20 was older kernels'). So 16-bit takes 4 lanes while they keep >= 70% of their
+  // slots busy and 8 lanes fill at most 25 points more.
   if (plain && elem_bytes == 2 && f4 >= 0.7 && f4 + 0.25 >= f8) return 4;
   // Otherwise 8 lanes unless 4 fill the GPU clearly better: the forward that saves the
   // backward's checkpoints ran 1.5-4% slower on 4 lanes at equal fills (notes 16, 26).
