@@ -1,9 +1,29 @@
 // Host dispatch of linear_scan over dtypes, and the choice behind algorithm="auto".
+#include <cstdlib>
+
 #include "linear_scan.h"
 
 namespace jss {
 
+// strided_whole (one block per channel tile through the whole axis, no look-back) where the
+// tiled kernels' chain of look-backs, not memory, bounds a call: docs/PERFORMANCE_CUDA.md
+// section 20. JAX_SELSCAN_LS_WHOLE=0 / =1 turns it off / on wherever it can run (measurements).
+// Off by default until it has run on a GPU (the rule below is the one section 20 predicts).
+constexpr bool kWholeByDefault = false;
+static bool whole_wanted(const ScanProblem& p, int elem_bytes) {
+  if (p.inner <= 1 || !(elem_bytes == 4 || elem_bytes == 2)) return false;
+  if (const char* e = std::getenv("JAX_SELSCAN_LS_WHOLE")) {
+    if (e[0] == '0') return false;
+    if (e[0] == '1') return true;
+  }
+  return kWholeByDefault && p.L <= 1024 && p.outer * p.L * p.inner <= (int64_t(1) << 22);
+}
+
 int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
+  return whole_wanted(p, elem_bytes) ? kStridedWhole : resolve_tiled_algorithm(p, elem_bytes);
+}
+
+int resolve_tiled_algorithm(const ScanProblem& p, int elem_bytes) {
   // From the H200 measurements in docs/PERFORMANCE_CUDA.md (section 4, CUDA events, fp32 /
   // bf16, % of the 4240 GB/s copy):
   //  * contiguous rows, outer >= 512: row_walk (one warp walks a row; no look-back).

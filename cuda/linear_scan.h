@@ -29,7 +29,8 @@ enum Algorithm : int {
   kStridedPipe = 12,  // strided: strided_stage's tile in a persistent warp-specialised pipeline
   kRowPipe = 13,      // contiguous, few long fp32 rows: tiles scanned in place in that kind of pipeline
   kStridedPipeNarrow = 14,  // strided, 16-bit types and fp32: strided_pipe on 8-byte vectors (tiles of 128 / 64 channels)
-  kNumInternal = 15,
+  kStridedWhole = 15,  // strided, short axes: one block per channel tile through the whole axis (no scratch)
+  kNumInternal = 16,
 };
 
 enum class DType { F32, F64, BF16, F16, C64 };
@@ -55,6 +56,8 @@ struct ScanProblem {
 
 // Which kernel family "auto" resolves to for this shape and element size (never kAuto).
 int resolve_algorithm(const ScanProblem& p, int elem_bytes = 4);
+// "auto" among the tiled kernels only (what it picks where strided_whole cannot run)
+int resolve_tiled_algorithm(const ScanProblem& p, int elem_bytes = 4);
 
 // Scratch bytes the launch needs (tile status words, carries, the tile counter); 0 if none.
 size_t scratch_bytes(DType t, const ScanProblem& p);

@@ -43,6 +43,7 @@
 //   scan_walk_kernels.cuh  row_walk, strided_walk
 //   scan_stage_kernels.cuh row_stage, strided_stage (and strided_stage's launcher)
 //   strided_pipe.cuh, row_pipe.cuh  the warp-specialised pipelines (kernel and launcher)
+//   scan_whole_kernel.cuh  strided_whole: short strided axes, one block per channel tile (no look-back)
 //   scan_launch.cuh        host helpers of every launcher
 //   scan_plan.cuh          the tunings, the plan, the launches, JSS_DEFINE_DTYPE
 #pragma once

@@ -9,6 +9,7 @@
 #include "scan_stage_kernels.cuh"
 #include "strided_pipe.cuh"
 #include "row_pipe.cuh"
+#include "scan_whole_kernel.cuh"
 #include "scan_launch.cuh"
 
 namespace jss {
@@ -146,6 +147,16 @@ Plan make_plan(const ScanProblem& p) {
   Plan pl{};
   pl.algo = p.algorithm == kAuto ? resolve_algorithm(p, (int)sizeof(T)) : p.algorithm;
   pl.strided = p.inner > 1;
+  if (pl.algo == kStridedWhole && !whole_legal<T>(p)) pl.algo = resolve_tiled_algorithm(p, (int)sizeof(T));
+  if (pl.algo == kStridedWhole) {  // no scratch at all
+    const int64_t nvec = p.inner / (16 / (int64_t)sizeof(T));
+    const int ncv = whole_ncv(p.L, nvec);
+    pl.nct = (nvec + ncv - 1) / ncv;  // blocks per outer index
+    pl.nchains = p.outer * pl.nct;
+    pl.nchunks = 1;
+    pl.total_bytes = 0;
+    return pl;
+  }
   if (pl.algo == kStridedStage && !stage_legal<T>(p)) pl.algo = kLookbackRegs;
   if (pl.algo == kStridedPipeNarrow && !kHasNarrowPipe<T>) pl.algo = kStridedPipe;
   if constexpr (kHasNarrowPipe<T>) {
@@ -301,6 +312,7 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
   const Plan pl = make_plan<T>(p);
   const int64_t ntiles = pl.nchains * pl.nchunks;
   if (ntiles >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
+  if (pl.algo == kStridedWhole) return whole_launch<T>(p, stream);
   if (pl.algo == kStridedStage) {
     using TU = StageTune<T>;
     return stage_launch<T, TU::NW, TU::SPW, TU::NBUF>(p, scratch, stream);

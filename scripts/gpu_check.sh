@@ -233,6 +233,17 @@ if has ss_split; then  # one run per study of SS_SPLIT_STUDIES (plans, sub, lane
       --out "$OUT" --study $study ${SS_SPLIT_ARGS:-}
   done
 fi
+# ls_small: the launch-bound linear_scan shapes (2^20 elements): per-call time in a jitted chain
+# beside a one-kernel floor, then each kernel's own ncu time (cuda/tools/ls_small.py; LS_SMALL_*).
+if has ls_small; then
+  TAIL=30 step ls_small_chain 200 $PY -P cuda/tools/ls_small.py chain
+  for v in ${LS_SMALL_WHOLE:-}; do  # the same chains with "auto" under JAX_SELSCAN_LS_WHOLE=v
+    JAX_SELSCAN_LS_WHOLE=$v LS_SMALL_ALGOS=auto LS_SMALL_FLOOR=0 LS_SMALL_SHAPES=${LS_SMALL_WHOLE_SHAPES:-${LS_SMALL_SHAPES:-}} \
+      TAIL=30 step ls_small_whole$v 200 $PY -P cuda/tools/ls_small.py chain
+  done
+  TAIL=40 step ls_small_ncu 200 bash -c "ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    $PY -P cuda/tools/ls_small.py ncu | $PY cuda/tools/ncu_kernel_times.py"
+fi
 # sync_overhead: how the host waits for a jitted call (block_until_ready against polling
 # Array.is_ready; benchmarks/jax_sync_overhead.py, SYNC_PARTS picks its parts). Run after the
 # builds so that no compile shares the host's cores with it.

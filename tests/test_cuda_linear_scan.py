@@ -268,6 +268,31 @@ def test_row_pipe_long_rows(dtype, reverse):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_strided_whole(dtype, reverse, monkeypatch):
+    """strided_whole (one block per channel tile through the whole axis), forced wherever it can
+    run (JAX_SELSCAN_LS_WHOLE=1): one round of 1024 / NCV steps with NCV = 1, 2, 8, 32 vectors a
+    block, several rounds with the carry crossing them, outer rows, a partial last block of
+    vectors; h and a_prod against the float64 recurrence, and the kernel it ran."""
+    from jax_selscan import _cuda
+    monkeypatch.setenv("JAX_SELSCAN_LS_WHOLE", "1")
+    jdt, tol = DTYPES[dtype]
+    for shape, axis in [((1000, 64), 0), ((2, 300, 136), 1), ((3, 100, 48), 1), ((2, 9, 512), 1),
+                        ((2600, 40), 0), ((1, 5000, 8), 1)]:
+        outer, L, inner = int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
+        assert _cuda.launched_algorithm(dtype, outer, L, inner) == 15, shape  # kStridedWhole
+        a, b, h0 = make(shape, axis, jdt, seed=hash((dtype, reverse, shape)) % 2**32)
+        h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
+                                                    return_a_prod=True))(a, b, h0)
+        h_only = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0))(a, b, h0)
+        rh, rp = reference(a, b, h0, axis, reverse)
+        assert rel_err(h, rh) < tol, (shape, "h", rel_err(h, rh))
+        assert rel_err(p, rp) < tol, (shape, "a_prod", rel_err(p, rp))
+        assert np.array_equal(np.asarray(h_only), np.asarray(h)), shape  # the same bits either way
+
+
+@gpu
 def test_auto_runs_the_pipelines():
     """On a GPU whose blocks may have 227 KB of shared memory (compute capability 9.x: H100,
     H200), "auto" must run the warp-specialised pipelines, not their slower fallbacks (which
@@ -453,9 +478,28 @@ def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
 
 
 @needs_extension
-def test_auto_rule_for_long_strided_scans():
-    """"auto" for strided axes (no GPU needed; the measurements behind it are in
-    cuda/dispatch.cc). A chain is one channel tile of one outer row: wide tiles hold 128 fp32 /
+def test_auto_rule_for_short_strided_scans(monkeypatch):
+    """strided_whole (one block per channel tile through the whole axis, no look-back) for fp32 /
+    16-bit strided axes: JAX_SELSCAN_LS_WHOLE=1 / 0 turns it on / off wherever it can run;
+    "auto" does not take it yet (docs/PERFORMANCE_CUDA.md section 20)."""
+    from jax_selscan import _cuda
+    WHOLE, STAGE, NARROW, ROWS = 15, 9, 14, 7  # cuda/linear_scan.h
+    r = _cuda.resolve_algorithm
+    monkeypatch.delenv("JAX_SELSCAN_LS_WHOLE", raising=False)
+    # off by default until measured on a GPU (cuda/dispatch.cc kWholeByDefault)
+    assert r(1, 1024, 1024) == STAGE and r(1, 1024, 1024, elem_bytes=2) == NARROW
+    assert r(1, 1025, 1024) != WHOLE and r(2048, 32, 1024, elem_bytes=2) == NARROW
+    assert r(1, 1024, 1024, elem_bytes=8) != WHOLE and r(1024, 1024, 1) == ROWS  # not contiguous
+    monkeypatch.setenv("JAX_SELSCAN_LS_WHOLE", "0")
+    assert r(1, 1024, 1024) == STAGE and r(1, 1024, 1024, elem_bytes=2) == NARROW
+    monkeypatch.setenv("JAX_SELSCAN_LS_WHOLE", "1")
+    assert r(1, 65536, 1024) == WHOLE and r(1024, 1024, 1) == ROWS
+
+
+@needs_extension
+def test_auto_rule_for_long_strided_scans(monkeypatch):
+    """"auto" for strided axes among the tiled kernels (no GPU needed; the measurements behind
+    it are in cuda/dispatch.cc; strided_whole, which takes the small ones, is off here). A chain is one channel tile of one outer row: wide tiles hold 128 fp32 /
     256 16-bit channels, narrow ones 64 / 128. Axes longer than 1024 steps: fp32 the wide pipe
     from 3 wide chains, else the narrow pipe from 2 narrow chains, else strided_stage; 16-bit
     types the narrow pipe from 2 to 8 narrow chains, the wide pipe beyond, strided_stage on one.
@@ -464,6 +508,7 @@ def test_auto_rule_for_long_strided_scans():
     from jax_selscan import _cuda
     PIPE, STAGE, REGS, NARROW = 12, 9, 5, 14  # cuda/linear_scan.h
     r = _cuda.resolve_algorithm
+    monkeypatch.setenv("JAX_SELSCAN_LS_WHOLE", "0")
     # fp32, L > 1024: 2 wide tiles -> the narrow pipe (4 narrow tiles); 3 wide tiles -> the pipe
     assert r(1, 65536, 256) == NARROW and r(1, 65536, 257) == PIPE
     assert r(1, 65536, 65) == NARROW and r(1, 65536, 64) == STAGE  # 2 / 1 narrow tiles

@@ -27,7 +27,7 @@
 static const char* kNames[] = {"auto", "blelloch", "three_pass", "lookback_serial", "lookback_warp",
                                "lookback_regs", "hillis_steele", "row_walk", "strided_walk",
                                "strided_stage", "row_rounds", "row_stage", "strided_pipe", "row_pipe",
-                               "strided_pipe_narrow"};
+                               "strided_pipe_narrow", "strided_whole"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == jss::kNumInternal, "a name for every kernel family");
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -294,6 +294,8 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"contiguous 256x65536", 256, 65536, 1, jss::kRowPipe},
       {"contiguous 1x2^24 bf16", 1, 1 << 24, 1, jss::kRowPipe, true},  // the 16-bit re-walk
       {"contiguous 100x2^18 bf16", 100, 1 << 18, 1, jss::kRowPipe, true},
+      {"strided L=1024 C=1024 auto", 1, 1024, 1024, jss::kAuto},  // auto: strided_whole
+      {"strided L=4096 C=1024", 1, 4096, 1024, jss::kStridedWhole},  // 4 rounds
   };
   int fails = 0;
   for (auto& c : cases) {

@@ -1,0 +1,79 @@
+"""Launch-bound linear_scan shapes (2^20 elements), on the GPU machine: where a call's time goes.
+
+    python3 -P cuda/tools/ls_small.py chain   # per-call time in a jitted chain, beside the
+                                              # floor: a chain of one fused elementwise kernel
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv \\
+        python3 -P cuda/tools/ls_small.py ncu | python3 cuda/tools/ncu_kernel_times.py
+                                              # each kernel's own time (3 calls per case)
+
+LS_SMALL_ALGOS="auto,lookback_regs" picks the algorithms; LS_SMALL_SHAPES="1024x1024:0,1x1048576:1"
+the shapes ("AxB:axis"); LS_SMALL_FLOOR=0 leaves the floor out. The chain is timed as benchmarks/gpu_linear_scan.py times it (wall clock
+of R dependent calls in one jit, median of 5, minus a trivial call's dispatch, over R).
+"""
+import os
+import sys
+import time
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+from jax_selscan import linear_scan
+
+ALGOS = os.environ.get("LS_SMALL_ALGOS", "auto,lookback_regs").split(",")
+SHAPES = [(tuple(int(n) for n in s.split(":")[0].split("x")), int(s.split(":")[1]))
+          for s in (os.environ.get("LS_SMALL_SHAPES") or "1024x1024:0,1x1048576:1").split(",")]
+DTYPES = [jnp.dtype(d) for d in os.environ.get("LS_SMALL_DTYPES", "bfloat16,float32").split(",")]
+
+
+def inputs(shape, axis, dt):
+    k = jax.random.split(jax.random.PRNGKey(1), 3)
+    a = jax.random.uniform(k[0], shape, minval=0.5, maxval=1.0).astype(dt)
+    b = jax.random.normal(k[1], shape).astype(dt)
+    hshape = shape[:axis] + shape[axis + 1:]
+    h0 = jax.random.normal(k[2], hshape).astype(dt)
+    return a, b, h0
+
+
+def chain(step, reps):
+    def f(a, b, h0):
+        x = b
+        for _ in range(reps):
+            x = step(a, x, h0)
+        return x
+    return jax.jit(f)
+
+
+def wall(fn, args):
+    jax.block_until_ready(fn(*args))
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def main(mode):
+    z = jnp.zeros((8,), jnp.float32)
+    overhead = wall(jax.jit(lambda x: x + 1), (z,))
+    reps = 128
+    for shape, axis in SHAPES:
+        for dt in DTYPES:
+            a, b, h0 = inputs(shape, axis, dt)
+            for algo in ALGOS:
+                step = lambda a, x, h0, algo=algo: linear_scan(a, x, h0=h0, axis=axis, algorithm=algo)
+                if mode == "ncu":
+                    f = jax.jit(step)
+                    for _ in range(3):
+                        jax.block_until_ready(f(a, b, h0))
+                    continue
+                t = (wall(chain(step, reps), (a, b, h0)) - overhead) / reps
+                print(f"{dt.name:8s} {shape} axis {axis} {algo:14s} {t * 1e6:7.2f} us per call")
+            if mode == "chain" and os.environ.get("LS_SMALL_FLOOR", "1") == "1":  # the floor: one fused elementwise kernel per call, same bytes
+                t = (wall(chain(lambda a, x, h0: a * x + 1, reps), (a, b, h0)) - overhead) / reps
+                print(f"{dt.name:8s} {shape} axis {axis} {'a*x+1 (floor)':14s} {t * 1e6:7.2f} us per call")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "chain")
