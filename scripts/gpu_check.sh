@@ -241,7 +241,7 @@ if has ls_small; then
     JAX_SELSCAN_LS_WHOLE=$v LS_SMALL_ALGOS=auto LS_SMALL_FLOOR=0 LS_SMALL_SHAPES=${LS_SMALL_WHOLE_SHAPES:-${LS_SMALL_SHAPES:-}} \
       TAIL=30 step ls_small_whole$v 200 $PY -P cuda/tools/ls_small.py chain
   done
-  for v in "" ${LS_SMALL_WHOLE:-}; do  # LS_SMALL_NCU_SHAPES: the shapes profiled (default: the chains')
+  for v in "" ${LS_SMALL_NCU_WHOLE-${LS_SMALL_WHOLE:-}}; do  # LS_SMALL_NCU_SHAPES / _WHOLE: what is profiled
     JAX_SELSCAN_LS_WHOLE=$v LS_SMALL_SHAPES=${LS_SMALL_NCU_SHAPES:-${LS_SMALL_SHAPES:-}} TAIL=40 step ls_small_ncu$v 200 \
       bash -c "ncu --clock-control none --metrics gpu__time_duration.sum --csv \
       $PY -P cuda/tools/ls_small.py ncu | $PY cuda/tools/ncu_kernel_times.py"

@@ -6,7 +6,7 @@
         python3 -P cuda/tools/ls_small.py ncu | python3 cuda/tools/ncu_kernel_times.py
                                               # each kernel's own time (3 calls per case)
 
-LS_SMALL_ALGOS="auto,lookback_regs" picks the algorithms; LS_SMALL_SHAPES="1024x1024:0,1x1048576:1"
+LS_SMALL_ALGOS="auto,lookback_regs,lax" picks the algorithms ("lax": lax.associative_scan, chains of 32); LS_SMALL_SHAPES="1024x1024:0,1x1048576:1"
 the shapes ("AxB:axis"); LS_SMALL_FLOOR=0 leaves the floor out. The chain is timed as benchmarks/gpu_linear_scan.py times it (wall clock
 of R dependent calls in one jit, median of 5, minus a trivial call's dispatch, over R).
 """
@@ -17,6 +17,7 @@ import time
 import numpy as np
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jax_selscan import linear_scan
 
@@ -44,6 +45,14 @@ def chain(step, reps):
     return jax.jit(f)
 
 
+def lax_step(axis):
+    def step(a, b, h0):
+        comb = lambda e, l: (l[0] * e[0], l[0] * e[1] + l[1])
+        _, h = lax.associative_scan(comb, (a.astype(jnp.float32), b.astype(jnp.float32)), axis=axis)
+        return h.astype(a.dtype)
+    return step
+
+
 def wall(fn, args):
     jax.block_until_ready(fn(*args))
     ts = []
@@ -63,12 +72,17 @@ def main(mode):
             a, b, h0 = inputs(shape, axis, dt)
             for algo in ALGOS:
                 step = lambda a, x, h0, algo=algo: linear_scan(a, x, h0=h0, axis=axis, algorithm=algo)
+                n = reps
+                if algo == "lax":  # lax.associative_scan in float32, as benchmarks/gpu_linear_scan.py
+                    if mode == "ncu":
+                        continue
+                    step, n = lax_step(axis), 32
                 if mode == "ncu":
                     f = jax.jit(step)
                     for _ in range(3):
                         jax.block_until_ready(f(a, b, h0))
                     continue
-                t = (wall(chain(step, reps), (a, b, h0)) - overhead) / reps
+                t = (wall(chain(step, n), (a, b, h0)) - overhead) / n
                 print(f"{dt.name:8s} {shape} axis {axis} {algo:14s} {t * 1e6:7.2f} us per call")
             if mode == "chain" and os.environ.get("LS_SMALL_FLOOR", "1") == "1":  # the floor: one fused elementwise kernel per call, same bytes
                 t = (wall(chain(lambda a, x, h0: a * x + 1, reps), (a, b, h0)) - overhead) / reps
