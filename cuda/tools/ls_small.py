@@ -21,7 +21,7 @@ from jax import lax
 
 from jax_selscan import linear_scan
 
-ALGOS = os.environ.get("LS_SMALL_ALGOS", "auto,lookback_regs").split(",")
+ALGOS = os.environ.get("LS_SMALL_ALGOS", "auto,lax").split(",")
 SHAPES = [(tuple(int(n) for n in s.split(":")[0].split("x")), int(s.split(":")[1]))
           for s in (os.environ.get("LS_SMALL_SHAPES") or "1024x1024:0,1x1048576:1").split(",")]
 DTYPES = [jnp.dtype(d) for d in os.environ.get("LS_SMALL_DTYPES", "bfloat16,float32").split(",")]
