@@ -294,7 +294,7 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"contiguous 256x65536", 256, 65536, 1, jss::kRowPipe},
       {"contiguous 1x2^24 bf16", 1, 1 << 24, 1, jss::kRowPipe, true},  // the 16-bit re-walk
       {"contiguous 100x2^18 bf16", 100, 1 << 18, 1, jss::kRowPipe, true},
-      {"strided L=1024 C=1024 auto", 1, 1024, 1024, jss::kAuto},  // auto: strided_whole
+      {"strided L=1024 C=1024 auto", 1, 1024, 1024, jss::kAuto},  // strided_whole once kWholeByDefault
       {"strided L=4096 C=1024", 1, 4096, 1024, jss::kStridedWhole},  // 4 rounds
   };
   int fails = 0;
