@@ -245,6 +245,18 @@ def test_strided_few_long_chains(dtype, reverse):
         assert rel_err(p, rp) < tol, (shape, "a_prod", rel_err(p, rp))
 
 
+def check_with_and_without_prod(a, b, h0, axis, reverse, tol, shape):
+    """One jitted scan with a_prod and one without; h and a_prod checked against the float64
+    recurrence. Returns (h, a_prod, h without a_prod, the reference h)."""
+    h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
+                                                return_a_prod=True))(a, b, h0)
+    h_only = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0))(a, b, h0)
+    rh, rp = reference(a, b, h0, axis, reverse)
+    assert rel_err(h, rh) < tol, (shape, "h", rel_err(h, rh))
+    assert rel_err(p, rp) < tol, (shape, "a_prod", rel_err(p, rp))
+    return h, p, h_only, rh
+
+
 @gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("reverse", [False, True])
@@ -258,12 +270,7 @@ def test_row_pipe_long_rows(dtype, reverse):
     n1 = 1 << (22 if dtype == "float32" else 23)  # 512 tiles of 8192 / 16384 elements
     for shape, axis in [((n1,), 0), ((8, (1 << 19) + 4096), 1), ((5, (1 << 20) + 2), 1)]:
         a, b, h0 = make(shape, axis, jdt, seed=hash((reverse, shape)) % 2**32)
-        h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
-                                                    return_a_prod=True))(a, b, h0)
-        h_only = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0))(a, b, h0)
-        rh, rp = reference(a, b, h0, axis, reverse)
-        assert rel_err(h, rh) < tol, (shape, "h", rel_err(h, rh))
-        assert rel_err(p, rp) < tol, (shape, "a_prod", rel_err(p, rp))
+        h, _, h_only, rh = check_with_and_without_prod(a, b, h0, axis, reverse, tol, shape)
         assert rel_err(h_only, rh) < tol, (shape, "h without a_prod", rel_err(h_only, rh))
 
 
@@ -283,12 +290,7 @@ def test_strided_whole(dtype, reverse, monkeypatch):
         outer, L, inner = int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
         assert _cuda.launched_algorithm(dtype, outer, L, inner) == 15, shape  # kStridedWhole
         a, b, h0 = make(shape, axis, jdt, seed=hash((dtype, reverse, shape)) % 2**32)
-        h, p = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0,
-                                                    return_a_prod=True))(a, b, h0)
-        h_only = jax.jit(lambda a, b, h0: linear_scan(a, b, axis=axis, reverse=reverse, h0=h0))(a, b, h0)
-        rh, rp = reference(a, b, h0, axis, reverse)
-        assert rel_err(h, rh) < tol, (shape, "h", rel_err(h, rh))
-        assert rel_err(p, rp) < tol, (shape, "a_prod", rel_err(p, rp))
+        h, _, h_only, rh = check_with_and_without_prod(a, b, h0, axis, reverse, tol, shape)
         assert np.array_equal(np.asarray(h_only), np.asarray(h)), shape  # the same bits either way
 
 
