@@ -288,6 +288,7 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"strided_stage", named(kStridedStage)});
     vs.push_back({"strided_pipe", named(kStridedPipe)});
     if (kHasNarrowPipe<T>) vs.push_back({"strided_pipe_narrow", named(kStridedPipeNarrow)});
+    vs.push_back({"strided_whole", named(kStridedWhole)});  // section 20
     vs.push_back({"stage_w8s8_b1", [&] { stage<T, 8, 8, 1>(p, scratch); }});
     vs.push_back({"stage_w8s4_b1", [&] { stage<T, 8, 4, 1>(p, scratch); }});
     vs.push_back({"stage_w8s12_b1", [&] { stage<T, 8, 12, 1>(p, scratch); }});
