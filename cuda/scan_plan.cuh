@@ -147,9 +147,9 @@ Plan make_plan(const ScanProblem& p) {
   Plan pl{};
   pl.algo = p.algorithm == kAuto ? resolve_algorithm(p, (int)sizeof(T)) : p.algorithm;
   pl.strided = p.inner > 1;
-  if (pl.algo == kStridedWhole && !whole_legal<T>(p)) pl.algo = resolve_tiled_algorithm(p, (int)sizeof(T));
+  if (pl.algo == kStridedWhole && !stage_legal<T>(p)) pl.algo = resolve_tiled_algorithm(p, (int)sizeof(T));
   if (pl.algo == kStridedWhole) {  // no scratch at all
-    const int64_t nvec = p.inner / (16 / (int64_t)sizeof(T));
+    const int64_t nvec = whole_vectors<T>(p);
     const int ncv = whole_ncv(p.L, nvec);
     pl.nct = (nvec + ncv - 1) / ncv;  // blocks per outer index
     pl.nchains = p.outer * pl.nct;

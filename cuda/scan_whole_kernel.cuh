@@ -10,6 +10,7 @@
 
 #include "scan_block.cuh"
 #include "scan_launch.cuh"
+#include "scan_stage_kernels.cuh"
 
 namespace jss {
 
@@ -38,7 +39,7 @@ __global__ void __launch_bounds__(WholeCfg::THREADS) strided_whole_kernel(Dev d)
   using E = Elem<T>;
   using SS = typename E::S;
   using P = Pair<SS>;
-  constexpr int V = 16 / sizeof(T);
+  constexpr int V = StageCfg<T>::V;
   constexpr int S = WholeCfg::S, NW = WholeCfg::NW;
   constexpr int NG = WholeCfg::THREADS / NCV, GW = 32 / NCV;
   static_assert(NCV >= 1 && NCV <= 32 && (NCV & (NCV - 1)) == 0, "NCV: a power of two <= 32");
@@ -153,15 +154,16 @@ inline int whole_ncv(int64_t L, int64_t nvec) {
   return ncv;
 }
 
-// 16-byte vectors along the channels (the same condition as strided_stage's)
+// It runs where strided_stage does (16-byte vectors along the channels: stage_legal<T>). A row
+// of the outer index holds whole_vectors<T>(p) vectors; the block takes whole_ncv() of them.
 template <class T>
-bool whole_legal(const ScanProblem& p) {
-  return p.inner > 1 && (align_bits(p) & 15) == 0 && p.inner % (16 / (int64_t)sizeof(T)) == 0;
+int64_t whole_vectors(const ScanProblem& p) {
+  return p.inner / StageCfg<T>::V;
 }
 
 template <class T, int NCV>
 cudaError_t whole_launch_ncv(const ScanProblem& p, cudaStream_t stream) {
-  const int64_t nvec = p.inner / (16 / (int64_t)sizeof(T));
+  const int64_t nvec = whole_vectors<T>(p);
   const int64_t blocks = p.outer * ((nvec + NCV - 1) / NCV);
   if (blocks >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
   Dev d = dev_params(p);
@@ -172,7 +174,7 @@ cudaError_t whole_launch_ncv(const ScanProblem& p, cudaStream_t stream) {
 
 template <class T>
 cudaError_t whole_launch(const ScanProblem& p, cudaStream_t stream) {
-  switch (whole_ncv(p.L, p.inner / (16 / (int64_t)sizeof(T)))) {
+  switch (whole_ncv(p.L, whole_vectors<T>(p))) {
     case 1: return whole_launch_ncv<T, 1>(p, stream);
     case 2: return whole_launch_ncv<T, 2>(p, stream);
     case 4: return whole_launch_ncv<T, 4>(p, stream);

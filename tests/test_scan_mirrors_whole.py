@@ -92,11 +92,11 @@ def whole_mirror(a, b, h0, reverse, vw, ncv, threads=64, s=3, broken=None):
             cur = comb((pre_a, pre_b), ex)
             carry = (tot_a, tot_b)
             for i in range(s):
-                m = i < n
-                idx = offs[i][m]
-                cur = tuple(np.where(m[:, None], v, cv_) for v, cv_ in
-                            zip(comb(cur, (fa[np.where(m[:, None], offs[i], 0)], fb[np.where(m[:, None], offs[i], 0)])), cur))
-                h[idx], ap[idx] = cur[1][m], cur[0][m]
+                m = (i < n)[:, None]
+                o_ = np.where(m, offs[i], 0)
+                cur = tuple(np.where(m, v, c_) for v, c_ in zip(comb(cur, (fa[o_], fb[o_])), cur))
+                idx = offs[i][m[:, 0]]
+                h[idx], ap[idx] = cur[1][m[:, 0]], cur[0][m[:, 0]]
                 np.add.at(written, idx, 1)
     return h.reshape(a.shape), ap.reshape(a.shape), written.reshape(a.shape)
 
