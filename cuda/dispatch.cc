@@ -1,4 +1,5 @@
 // Host dispatch of linear_scan over dtypes, and the choice behind algorithm="auto".
+#include <algorithm>
 #include <cstdlib>
 
 #include "linear_scan.h"
@@ -21,6 +22,23 @@ static bool whole_wanted(const ScanProblem& p, int elem_bytes) {
 
 int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   return whole_wanted(p, elem_bytes) ? kStridedWhole : resolve_tiled_algorithm(p, elem_bytes);
+}
+
+// A row_walk warp keeps up to 5 sub-chunks (32 16-byte vectors of a and of b each) in flight
+// in its 6-stage ring. A row of fewer sub-chunks leaves the ring part-empty and the warp
+// exits after one load's latency; so for short rows a warp walks consecutive rows with the
+// ring running on across them (docs/PERFORMANCE_CUDA.md section 21): as many rows as fill the
+// ring, while at least 16384 warps remain (about 4 waves of the 32 one-warp blocks an SM
+// holds, on 132 SMs). JAX_SELSCAN_LS_ROWS_PER_WARP=n forces n (measurements).
+int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes) {
+  if (const char* e = std::getenv("JAX_SELSCAN_LS_ROWS_PER_WARP")) {
+    const long long n = std::atoll(e);
+    if (n >= 1) return n;
+  }
+  const int64_t sub = 32 * (16 / elem_bytes);
+  const int64_t nsub = std::max<int64_t>(1, (L + sub - 1) / sub);
+  const int64_t fill = (6 + nsub - 1) / nsub;
+  return std::max<int64_t>(1, std::min<int64_t>(fill, outer / 16384));
 }
 
 int resolve_tiled_algorithm(const ScanProblem& p, int elem_bytes) {

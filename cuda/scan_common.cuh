@@ -140,6 +140,7 @@ struct Dev {
   int64_t L, inner;
   int64_t nchains, nchunks;  // tiles = nchains * nchunks
   int64_t nct;               // strided: channel tiles per outer index
+  int64_t rows_per_warp = 1;  // row_walk: consecutive rows one warp walks
   void* status;              // look-back status words
   size_t nstatus;            // number of status records
   unsigned* counter;         // dynamic tile-id counter

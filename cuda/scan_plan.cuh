@@ -134,6 +134,7 @@ struct Plan {
   int tile;             // contiguous: elements per tile
   int kind;             // 0: regs big, 1: regs small (contiguous lookback_regs)
   int64_t nchains, nchunks, nct;
+  int64_t rows_per_warp = 1;  // row_walk (row_walk_rows_per_warp)
   size_t nstatus;       // status records
   size_t status_bytes, status_reset_bytes;
   size_t carry_bytes;
@@ -220,6 +221,7 @@ Plan make_plan(const ScanProblem& p) {
     pl.nct = pl.strided ? (p.inner + WalkCfg<T>::CWW - 1) / WalkCfg<T>::CWW : 1;
     pl.nchains = p.outer * pl.nct;
     pl.nchunks = 1;
+    if (!pl.strided) pl.rows_per_warp = row_walk_rows_per_warp(p.outer, p.L, (int)sizeof(T));
     pl.total_bytes = 0;
     return pl;
   }
@@ -354,7 +356,9 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
     d.nct = pl.nct;
     if (pl.algo == kRowWalk) {
       d.vec = (align_bits(p) & 15) == 0 && p.L % C::VEC == 0;
-      row_walk_kernel<T, C::ROW_STAGES><<<(unsigned)pl.nchains, 32, C::row_smem(), stream>>>(d);
+      d.rows_per_warp = pl.rows_per_warp;
+      const int64_t warps = (pl.nchains + pl.rows_per_warp - 1) / pl.rows_per_warp;
+      row_walk_kernel<T, C::ROW_STAGES><<<(unsigned)warps, 32, C::row_smem(), stream>>>(d);
     } else {
       d.vec = (align_bits(p) & (WalkCfg<T>::VB - 1)) == 0 && p.inner % WalkCfg<T>::NCH == 0;
       strided_walk_kernel<T, C::SW_STAGES, C::SW_K><<<(unsigned)pl.nchains, 32, C::sw_smem(), stream>>>(d);

@@ -28,10 +28,13 @@ __device__ __forceinline__ void warp_sub_scan(Pair<S> (&x)[VEC], Pair<S>& carry,
   carry = combine(carry, shfl_idx(w, 31));
 }
 
-// Contiguous layout, one warp per row. Sub-chunk j of a row covers logical items
-// [j*SUB, (j+1)*SUB), SUB = 32*VEC; lane l holds [j*SUB + l*VEC, +VEC) (one 16-byte
-// vector of a and one of b, physical start p (forward) or L-p-VEC (reverse, items in
-// reversed order)). Stage j % STAGES of the warp's ring holds sub-chunk j.
+// Contiguous layout, one warp per d.rows_per_warp consecutive rows (short rows: the ring runs on
+// across the warp's rows, so that its STAGES-1 stages of loads stay in flight from one row into
+// the next instead of draining at every row's end; docs/PERFORMANCE_CUDA.md section 21).
+// Sub-chunk j of a row covers logical items [j*SUB, (j+1)*SUB), SUB = 32*VEC; lane l holds
+// [j*SUB + l*VEC, +VEC) (one 16-byte vector of a and one of b, physical start p (forward) or
+// L-p-VEC (reverse, items in reversed order)). The warp's n-th sub-chunk, counted over its rows,
+// sits in stage n % STAGES of its ring.
 template <class T, int STAGES>
 __global__ void __launch_bounds__(32) row_walk_kernel(Dev d) {
   using E = Elem<T>;
@@ -41,77 +44,94 @@ __global__ void __launch_bounds__(32) row_walk_kernel(Dev d) {
   constexpr int SUB = 32 * VEC;
   extern __shared__ uint4 s_ring[];  // [STAGES][2][32]
   const int lane = threadIdx.x;
-  const int64_t r = blockIdx.x;
   const int64_t L = d.L;
-  const T* a = static_cast<const T*>(d.a) + r * L;
-  const T* b = static_cast<const T*>(d.b) + r * L;
-  T* h = static_cast<T*>(d.h) + r * L;
-  T* ap = d.aprod ? static_cast<T*>(d.aprod) + r * L : nullptr;
-  P carry = h0_pair<T>(d, r);
+  const int64_t r0 = int64_t(blockIdx.x) * d.rows_per_warp;
+  const int64_t left = d.nchains - r0;
+  const int64_t nrows = d.rows_per_warp < left ? d.rows_per_warp : left;  // this warp's rows
   const int64_t nsub = (L + SUB - 1) / SUB;
   if (d.vec) {
-    auto issue = [&](int64_t j) {
-      const int64_t p = j * SUB + (int64_t)lane * VEC;
-      if (j < nsub && p < L) {
-        const int64_t q = d.reverse ? L - p - VEC : p;
-        uint4* st = s_ring + (j % STAGES) * 64;
-        cp_async<16>(st + lane, a + q);
-        cp_async<16>(st + 32 + lane, b + q);
+    // The issue cursor: the warp's next sub-chunk to load, (row ik, sub-chunk ij), and its
+    // running count ni (its stage).
+    int64_t ik = 0, ij = 0, ni = 0;
+    auto issue = [&]() {
+      const int64_t p = ij * SUB + (int64_t)lane * VEC;
+      if (ik < nrows && p < L) {
+        const int64_t q = (r0 + ik) * L + (d.reverse ? L - p - VEC : p);
+        uint4* st = s_ring + (ni % STAGES) * 64;
+        cp_async<16>(st + lane, static_cast<const T*>(d.a) + q);
+        cp_async<16>(st + 32 + lane, static_cast<const T*>(d.b) + q);
       }
       cp_commit();
+      ++ni;
+      if (++ij == nsub) { ij = 0; ++ik; }
     };
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) issue(s);
-    for (int64_t j = 0; j < nsub; ++j) {
-      cp_wait<STAGES - 2>();
-      const uint4* st = s_ring + (j % STAGES) * 64;
-      const int64_t p = j * SUB + (int64_t)lane * VEC;
-      const bool valid = p < L;
-      P x[VEC];
-      Vec16<T> va, vb;
-      if (valid) {
-        *reinterpret_cast<uint4*>(&va) = st[lane];
-        *reinterpret_cast<uint4*>(&vb) = st[32 + lane];
-      }
-      issue(j + STAGES - 1);  // into the stage read in the previous iteration
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int i = d.reverse ? VEC - 1 - e : e;
-        x[i] = valid ? P{E::up(va.v[e]), E::up(vb.v[e])} : identity<S>();
-      }
-      warp_sub_scan<S, VEC>(x, carry, lane);
-      if (valid) {
-        const int64_t q = d.reverse ? L - p - VEC : p;
-        Vec16<T> vh, vp;
+    for (int s = 0; s < STAGES - 1; ++s) issue();
+    int64_t n = 0;  // the running count of the sub-chunk scanned
+    for (int64_t k = 0; k < nrows; ++k) {
+      const int64_t r = r0 + k;
+      T* h = static_cast<T*>(d.h) + r * L;
+      T* ap = d.aprod ? static_cast<T*>(d.aprod) + r * L : nullptr;
+      P carry = h0_pair<T>(d, r);
+      for (int64_t j = 0; j < nsub; ++j, ++n) {
+        cp_wait<STAGES - 2>();
+        const uint4* st = s_ring + (n % STAGES) * 64;
+        const int64_t p = j * SUB + (int64_t)lane * VEC;
+        const bool valid = p < L;
+        P x[VEC];
+        Vec16<T> va, vb;
+        if (valid) {
+          *reinterpret_cast<uint4*>(&va) = st[lane];
+          *reinterpret_cast<uint4*>(&vb) = st[32 + lane];
+        }
+        issue();  // sub-chunk n + STAGES - 1, into the stage read in the previous iteration
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const int i = d.reverse ? VEC - 1 - e : e;
-          vh.v[e] = E::down(x[i].b);
-          vp.v[e] = E::down(x[i].a);
+          x[i] = valid ? P{E::up(va.v[e]), E::up(vb.v[e])} : identity<S>();
         }
-        store16(h + q, vh);
-        if (ap) store16(ap + q, vp);
+        warp_sub_scan<S, VEC>(x, carry, lane);
+        if (valid) {
+          const int64_t q = d.reverse ? L - p - VEC : p;
+          Vec16<T> vh, vp;
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const int i = d.reverse ? VEC - 1 - e : e;
+            vh.v[e] = E::down(x[i].b);
+            vp.v[e] = E::down(x[i].a);
+          }
+          store16(h + q, vh);
+          if (ap) store16(ap + q, vp);
+        }
       }
     }
     cp_wait<0>();
   } else {  // unaligned or L not a multiple of VEC: scalar loads, same item mapping
-    for (int64_t j = 0; j < nsub; ++j) {
-      const int64_t p = j * SUB + (int64_t)lane * VEC;
-      P x[VEC];
+    for (int64_t k = 0; k < nrows; ++k) {
+      const int64_t r = r0 + k;
+      const T* a = static_cast<const T*>(d.a) + r * L;
+      const T* b = static_cast<const T*>(d.b) + r * L;
+      T* h = static_cast<T*>(d.h) + r * L;
+      T* ap = d.aprod ? static_cast<T*>(d.aprod) + r * L : nullptr;
+      P carry = h0_pair<T>(d, r);
+      for (int64_t j = 0; j < nsub; ++j) {
+        const int64_t p = j * SUB + (int64_t)lane * VEC;
+        P x[VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int64_t pe = p + e;
-        const int64_t q = d.reverse ? L - 1 - pe : pe;
-        x[e] = pe < L ? P{E::up(a[q]), E::up(b[q])} : identity<S>();
-      }
-      warp_sub_scan<S, VEC>(x, carry, lane);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int64_t pe = p + e;
-        if (pe < L) {
+        for (int e = 0; e < VEC; ++e) {
+          const int64_t pe = p + e;
           const int64_t q = d.reverse ? L - 1 - pe : pe;
-          h[q] = E::down(x[e].b);
-          if (ap) ap[q] = E::down(x[e].a);
+          x[e] = pe < L ? P{E::up(a[q]), E::up(b[q])} : identity<S>();
+        }
+        warp_sub_scan<S, VEC>(x, carry, lane);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int64_t pe = p + e;
+          if (pe < L) {
+            const int64_t q = d.reverse ? L - 1 - pe : pe;
+            h[q] = E::down(x[e].b);
+            if (ap) ap[q] = E::down(x[e].a);
+          }
         }
       }
     }

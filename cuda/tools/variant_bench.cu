@@ -89,14 +89,17 @@ Dev make_dev(const ScanProblem& p, const Plan& pl, void* scratch) {
   return d;
 }
 
+// rpw: rows per warp (0: the package's rule, row_walk_rows_per_warp)
 template <class T, int STAGES>
-void row_walk(const ScanProblem& p) {
+void row_walk(const ScanProblem& p, int64_t rpw) {
   ScanProblem q = p;
   q.algorithm = kRowWalk;
   Plan pl = make_plan<T>(q);
   Dev d = make_dev<T>(q, pl, nullptr);
   d.vec = p.L % (16 / sizeof(T)) == 0;
-  row_walk_kernel<T, STAGES><<<(unsigned)p.outer, 32, STAGES * 1024>>>(d);
+  d.rows_per_warp = rpw > 0 ? rpw : pl.rows_per_warp;
+  const int64_t warps = (p.outer + d.rows_per_warp - 1) / d.rows_per_warp;
+  row_walk_kernel<T, STAGES><<<(unsigned)warps, 32, STAGES * 1024>>>(d);
 }
 template <class T, int STAGES, int K>
 void strided_walk(const ScanProblem& p) {
@@ -276,10 +279,13 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"row_stage", named(kRowStage)});
   }
   if (s.i == 1 && s.o >= 512) {
-    vs.push_back({"row_walk_s4", [&] { row_walk<T, 4>(p); }});
-    vs.push_back({"row_walk_s6", [&] { row_walk<T, 6>(p); }});
-    vs.push_back({"row_walk_s8", [&] { row_walk<T, 8>(p); }});
-    vs.push_back({"row_walk_s12", [&] { row_walk<T, 12>(p); }});
+    // session 51 (section 21): a warp walks rpw consecutive short rows (r0: the rule)
+    vs.push_back({"row_walk_s6", [&] { row_walk<T, 6>(p, 1); }});
+    vs.push_back({"row_walk_s6_r0", [&] { row_walk<T, 6>(p, 0); }});
+    vs.push_back({"row_walk_s6_r2", [&] { row_walk<T, 6>(p, 2); }});
+    vs.push_back({"row_walk_s6_r4", [&] { row_walk<T, 6>(p, 4); }});
+    vs.push_back({"row_walk_s6_r8", [&] { row_walk<T, 6>(p, 8); }});
+    vs.push_back({"row_walk_s12_r4", [&] { row_walk<T, 12>(p, 4); }});
     vs.push_back({"tile_lb_256x16_minb3", [&] { tile_opt<T, 256, 64 / sizeof(T), CARRY_LB_WARP, 3, 0>(p, scratch); }});
     vs.push_back({"tile_lb_256x16_minb4", [&] { tile_opt<T, 256, 64 / sizeof(T), CARRY_LB_WARP, 4, 0>(p, scratch); }});
     vs.push_back({"tile_lb_512x16_minb2", [&] { tile_opt<T, 512, 64 / sizeof(T), CARRY_LB_WARP, 2, 0>(p, scratch); }});
