@@ -29,11 +29,16 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
 // exits after one load's latency; so for short rows a warp walks consecutive rows with the
 // ring running on across them (docs/PERFORMANCE_CUDA.md section 21): as many rows as fill the
 // ring, while at least 16384 warps remain (about 4 waves of the 32 one-warp blocks an SM
-// holds, on 132 SMs). JAX_SELSCAN_LS_ROWS_PER_WARP=n forces n (measurements).
-int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes) {
-  if (const char* e = std::getenv("JAX_SELSCAN_LS_ROWS_PER_WARP")) {
-    const long long n = std::atoll(e);
-    if (n >= 1) return n;
+// holds, on 132 SMs). JAX_SELSCAN_LS_ROWS_PER_WARP=n forces n (measurements). Off by default
+// (one row a warp) until it has run on a GPU: the rule is the one section 21 predicts.
+constexpr bool kRowsPerWarpByDefault = false;
+int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes, bool rule) {
+  if (!rule) {
+    if (const char* e = std::getenv("JAX_SELSCAN_LS_ROWS_PER_WARP")) {
+      const long long n = std::atoll(e);
+      if (n >= 1) return n;
+    }
+    if (!kRowsPerWarpByDefault) return 1;
   }
   const int64_t sub = 32 * (16 / elem_bytes);
   const int64_t nsub = std::max<int64_t>(1, (L + sub - 1) / sub);

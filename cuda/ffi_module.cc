@@ -170,9 +170,10 @@ NB_MODULE(_cuda, m) {
         return jss::resolve_algorithm(p, elem_bytes);
       },
       nb::arg("outer"), nb::arg("L"), nb::arg("inner"), nb::arg("elem_bytes") = 4);
-  // row_walk's rows per warp for `outer` rows of L elements (test hook; no device query).
+  // row_walk's rows per warp for `outer` rows of L elements, as a launch would take it, or
+  // (rule=True) the rule alone (test hook; no device query).
   m.def("row_walk_rows_per_warp", &jss::row_walk_rows_per_warp, nb::arg("outer"), nb::arg("L"),
-        nb::arg("elem_bytes") = 4);
+        nb::arg("elem_bytes") = 4, nb::arg("rule") = false);
   // Bytes the scratch result of one call must hold (before kScratchAlign is added), for the
   // (outer, L, inner) view that Run builds. Depends on shape, dtype and algorithm only (no
   // device query), and on the operands' 16-byte alignment (strided_stage needs 16-byte

@@ -298,24 +298,22 @@ def test_strided_whole(dtype, reverse, monkeypatch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_row_walk_rows_per_warp(dtype, reverse, monkeypatch):
-    """Many short rows (auto: row_walk, a warp walking several consecutive rows with its load
-    ring running on across them): rows of one, two and three sub-chunks, a partial last warp,
-    rows whose length is not a multiple of the 16-byte vector (scalar loads), and a forced rows
-    per warp (JAX_SELSCAN_LS_ROWS_PER_WARP) of 7 over 1000 rows; h and a_prod against float64."""
+    """Many short rows on row_walk with a warp walking several consecutive rows, its load ring
+    running on across them (JAX_SELSCAN_LS_ROWS_PER_WARP set to what the rule gives, while it
+    is off by default): rows of one, two and three sub-chunks, a partial last warp, rows whose
+    length is not a multiple of the 16-byte vector (scalar loads), and 7 rows a warp over 1000
+    rows; h and a_prod against float64."""
     from jax_selscan import _cuda
-    monkeypatch.delenv("JAX_SELSCAN_LS_ROWS_PER_WARP", raising=False)
     jdt, tol = DTYPES[dtype]
     eb = jnp.dtype(jdt).itemsize
-    cases = [((32771, 64), None), ((65539, 200), None), ((40000, 37), None), ((1000, 300), "7")]
-    for shape, force in cases:
-        if force:
-            monkeypatch.setenv("JAX_SELSCAN_LS_ROWS_PER_WARP", force)
-        rpw = _cuda.row_walk_rows_per_warp(*shape, elem_bytes=eb)
-        assert rpw == int(force) if force else rpw >= 2, (shape, rpw)
+    for shape, rpw in [((32771, 64), None), ((65539, 200), None), ((40000, 37), None), ((1000, 300), 7)]:
+        rpw = rpw or _cuda.row_walk_rows_per_warp(*shape, elem_bytes=eb, rule=True)
+        assert rpw >= 2, shape
+        monkeypatch.setenv("JAX_SELSCAN_LS_ROWS_PER_WARP", str(rpw))
+        assert _cuda.row_walk_rows_per_warp(*shape, elem_bytes=eb) == rpw
         assert _cuda.launched_algorithm(dtype, shape[0], shape[1], 1) == 7, shape  # kRowWalk
         a, b, h0 = make(shape, 1, jdt, seed=hash((dtype, reverse, shape)) % 2**32)
         check_with_and_without_prod(a, b, h0, 1, reverse, tol, shape)
-        monkeypatch.delenv("JAX_SELSCAN_LS_ROWS_PER_WARP", raising=False)
 
 
 @gpu
@@ -526,17 +524,24 @@ def test_auto_rule_for_short_strided_scans(monkeypatch):
 def test_row_walk_rows_per_warp_rule(monkeypatch):
     """row_walk's rows per warp (no GPU needed): as many short rows as fill the warp's 6-stage
     ring of 32-vector sub-chunks (256 bf16 / 128 fp32 / 64 fp64 elements), while at least 16384
-    warps remain; 1 for rows of 6 sub-chunks or more (docs/PERFORMANCE_CUDA.md section 21)."""
+    warps remain; 1 for rows of 6 sub-chunks or more (docs/PERFORMANCE_CUDA.md section 21).
+    Off by default until measured (cuda/dispatch.cc kRowsPerWarpByDefault); the environment
+    variable forces a count."""
     from jax_selscan import _cuda
-    r = _cuda.row_walk_rows_per_warp
-    monkeypatch.delenv("JAX_SELSCAN_LS_ROWS_PER_WARP", raising=False)
+    runs = _cuda.row_walk_rows_per_warp
+
+    def r(*args, **kw):
+        return runs(*args, **kw, rule=True)
+
     assert r(65536, 256, elem_bytes=2) == 4 and r(65536, 256) == 3 and r(65536, 256, elem_bytes=8) == 2
     assert r(10**6, 32) == 6 and r(32771, 64) == 2 and r(16383, 64) == 1
     assert r(12288, 2048, elem_bytes=2) == 1 and r(4096, 16384) == 1 and r(10**6, 768) == 1
+    monkeypatch.delenv("JAX_SELSCAN_LS_ROWS_PER_WARP", raising=False)
+    assert runs(65536, 256, elem_bytes=2) == 1  # off by default
     monkeypatch.setenv("JAX_SELSCAN_LS_ROWS_PER_WARP", "5")
-    assert r(4096, 16384) == 5
-    monkeypatch.setenv("JAX_SELSCAN_LS_ROWS_PER_WARP", "0")  # not a count: the rule
-    assert r(4096, 16384) == 1
+    assert runs(4096, 16384) == 5 and r(4096, 16384) == 1
+    monkeypatch.setenv("JAX_SELSCAN_LS_ROWS_PER_WARP", "0")  # not a count: the default
+    assert runs(65536, 256, elem_bytes=2) == 1
 
 
 @needs_extension

@@ -277,7 +277,7 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"contiguous 4096x4096", 4096, 4096, 1, jss::kRowWalk},
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedWalk},
       {"contiguous 4096x4096 auto", 4096, 4096, 1, jss::kAuto},
-      {"contiguous 65536x256 auto", 65536, 256, 1, jss::kAuto},  // row_walk, 3 rows a warp (section 21)
+      {"contiguous 65536x256 auto", 65536, 256, 1, jss::kAuto},  // row_walk (3 rows a warp with section 21's rule on)
       {"strided L=4096 C=24576 auto", 1, 4096, 24576, jss::kAuto},
       {"strided L=65536 C=1024", 1, 65536, 1024, jss::kStridedStage},
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedStage},

@@ -89,7 +89,7 @@ Dev make_dev(const ScanProblem& p, const Plan& pl, void* scratch) {
   return d;
 }
 
-// rpw: rows per warp (0: the package's rule, row_walk_rows_per_warp)
+// rpw: rows per warp (0: the rule, row_walk_rows_per_warp(..., rule = true))
 template <class T, int STAGES>
 void row_walk(const ScanProblem& p, int64_t rpw) {
   ScanProblem q = p;
@@ -97,7 +97,7 @@ void row_walk(const ScanProblem& p, int64_t rpw) {
   Plan pl = make_plan<T>(q);
   Dev d = make_dev<T>(q, pl, nullptr);
   d.vec = p.L % (16 / sizeof(T)) == 0;
-  d.rows_per_warp = rpw > 0 ? rpw : pl.rows_per_warp;
+  d.rows_per_warp = rpw > 0 ? rpw : row_walk_rows_per_warp(p.outer, p.L, (int)sizeof(T), true);
   const int64_t warps = (p.outer + d.rows_per_warp - 1) / d.rows_per_warp;
   row_walk_kernel<T, STAGES><<<(unsigned)warps, 32, STAGES * 1024>>>(d);
 }
