@@ -117,22 +117,9 @@ __global__ void __launch_bounds__(32) row_walk_kernel(Dev d) {
       for (int64_t j = 0; j < nsub; ++j) {
         const int64_t p = j * SUB + (int64_t)lane * VEC;
         P x[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const int64_t pe = p + e;
-          const int64_t q = d.reverse ? L - 1 - pe : pe;
-          x[e] = pe < L ? P{E::up(a[q]), E::up(b[q])} : identity<S>();
-        }
+        load_items<T, VEC>(d, a, b, p, x);  // d.vec is false: scalar loads, identity past L
         warp_sub_scan<S, VEC>(x, carry, lane);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const int64_t pe = p + e;
-          if (pe < L) {
-            const int64_t q = d.reverse ? L - 1 - pe : pe;
-            h[q] = E::down(x[e].b);
-            if (ap) ap[q] = E::down(x[e].a);
-          }
-        }
+        store_items<T, VEC>(d, h, ap, p, x);
       }
     }
   }
