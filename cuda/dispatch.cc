@@ -24,8 +24,8 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   return whole_wanted(p, elem_bytes) ? kStridedWhole : resolve_tiled_algorithm(p, elem_bytes);
 }
 
-// A row_walk warp keeps up to 5 sub-chunks (32 16-byte vectors of a and of b each) in flight
-// in its 6-stage ring. A row of fewer sub-chunks leaves the ring part-empty and the warp
+// A row_walk warp keeps up to kRowWalkStages - 1 sub-chunks (32 16-byte vectors of a and of b
+// each) in flight in its ring. A row of fewer sub-chunks leaves the ring part-empty and the warp
 // exits after one load's latency; so for short rows a warp walks consecutive rows with the
 // ring running on across them (docs/PERFORMANCE_CUDA.md section 21): as many rows as fill the
 // ring, while at least 16384 warps remain (about 4 waves of the 32 one-warp blocks an SM
@@ -42,7 +42,7 @@ int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes, bool ru
   }
   const int64_t sub = 32 * (16 / elem_bytes);
   const int64_t nsub = std::max<int64_t>(1, (L + sub - 1) / sub);
-  const int64_t fill = (6 + nsub - 1) / nsub;
+  const int64_t fill = (kRowWalkStages + nsub - 1) / nsub;
   return std::max<int64_t>(1, std::min<int64_t>(fill, outer / 16384));
 }
 
