@@ -9,29 +9,33 @@ namespace jss {
 // strided_whole (one block per channel tile through the whole axis, no look-back) where the
 // tiled kernels' chain of look-backs, not memory, bounds a call: docs/PERFORMANCE_CUDA.md
 // section 20. JAX_SELSCAN_LS_WHOLE=0 / =1 turns it off / on wherever it can run (measurements).
-// Off by default until it has run on a GPU (the rule below is the one section 20 predicts).
-constexpr bool kWholeByDefault = false;
+// On by default since session 52 (H100, section 20.2, chains of 128 calls): (1024, 1024) bf16
+// 10.8 -> 5.3-7.5 us a call, fp32 12.9 -> 11.4-11.7; forced at L = 4096 it lost (fp32 25 -> 36
+// us), hence L <= 1024; larger shapes than 2^20 elements are not measured, hence that bound.
+constexpr bool kWholeByDefault = true;
 static bool whole_wanted(const ScanProblem& p, int elem_bytes) {
   if (p.inner <= 1 || !(elem_bytes == 4 || elem_bytes == 2)) return false;
   if (const char* e = std::getenv("JAX_SELSCAN_LS_WHOLE")) {
     if (e[0] == '0') return false;
     if (e[0] == '1') return true;
   }
-  return kWholeByDefault && p.L <= 1024 && p.outer * p.L * p.inner <= (int64_t(1) << 22);
+  return kWholeByDefault && p.L <= 1024 && p.outer * p.L * p.inner <= (int64_t(1) << 20);
 }
 
 int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
   return whole_wanted(p, elem_bytes) ? kStridedWhole : resolve_tiled_algorithm(p, elem_bytes);
 }
 
-// A row_walk warp keeps up to kRowWalkStages - 1 sub-chunks (32 16-byte vectors of a and of b
-// each) in flight in its ring. A row of fewer sub-chunks leaves the ring part-empty and the warp
-// exits after one load's latency; so for short rows a warp walks consecutive rows with the
-// ring running on across them (docs/PERFORMANCE_CUDA.md section 21): as many rows as fill the
-// ring, while at least 16384 warps remain (about 4 waves of the 32 one-warp blocks an SM
-// holds, on 132 SMs). JAX_SELSCAN_LS_ROWS_PER_WARP=n forces n (measurements). Off by default
-// (one row a warp) until it has run on a GPU: the rule is the one section 21 predicts.
-constexpr bool kRowsPerWarpByDefault = false;
+// A row_walk warp walks `rows_per_warp` consecutive rows, its cp.async ring running on across
+// them (docs/PERFORMANCE_CUDA.md section 21). Measured on an H100 (section 21.2, kernel alone):
+// a warp does best with about 2 KB of a and b per unit it walks, i.e. rows of 1 KB take 2 a
+// warp, rows of 512 B take 4 (bf16 65536 x 256: 71 -> 79% of copy; bf16 131072 x 128: 39 ->
+// 61%; fp32 131072 x 128: 78 -> 92%), and rows of >= 2 KB one (filling the 6-stage ring
+// instead, session 51's rule, lost 1-3 points at rows of 2-4 KB). At least 16384 warps remain
+// (about 4 waves of the 32 one-warp blocks an SM holds, on 132 SMs).
+// JAX_SELSCAN_LS_ROWS_PER_WARP=n forces n (measurements).
+constexpr bool kRowsPerWarpByDefault = true;
+constexpr int64_t kRowWalkBytesPerWarpRow = 2048;  // a and b together
 int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes, bool rule) {
   if (!rule) {
     if (const char* e = std::getenv("JAX_SELSCAN_LS_ROWS_PER_WARP")) {
@@ -40,9 +44,8 @@ int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes, bool ru
     }
     if (!kRowsPerWarpByDefault) return 1;
   }
-  const int64_t sub = 32 * (16 / elem_bytes);
-  const int64_t nsub = std::max<int64_t>(1, (L + sub - 1) / sub);
-  const int64_t fill = (kRowWalkStages + nsub - 1) / nsub;
+  const int64_t row_bytes = std::max<int64_t>(1, 2 * L * elem_bytes);
+  const int64_t fill = (kRowWalkBytesPerWarpRow + row_bytes - 1) / row_bytes;
   return std::max<int64_t>(1, std::min<int64_t>(fill, outer / 16384));
 }
 

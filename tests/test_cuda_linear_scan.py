@@ -299,16 +299,15 @@ def test_strided_whole(dtype, reverse, monkeypatch):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_row_walk_rows_per_warp(dtype, reverse, monkeypatch):
     """Many short rows on row_walk with a warp walking several consecutive rows, its load ring
-    running on across them (JAX_SELSCAN_LS_ROWS_PER_WARP set to what the rule gives, while it
-    is off by default): rows of one, two and three sub-chunks, a partial last warp, rows whose
-    length is not a multiple of the 16-byte vector (scalar loads), and 7 rows a warp over 1000
-    rows; h and a_prod against float64."""
+    running on across them (JAX_SELSCAN_LS_ROWS_PER_WARP set to what the default rule gives, at
+    least 2): rows of one to four sub-chunks, a partial last warp, rows whose length is not a
+    multiple of the 16-byte vector (scalar loads), and 7 rows a warp over 1000 rows; h and
+    a_prod against float64."""
     from jax_selscan import _cuda
     jdt, tol = DTYPES[dtype]
     eb = jnp.dtype(jdt).itemsize
     for shape, rpw in [((32771, 64), None), ((65539, 200), None), ((40000, 37), None), ((1000, 300), 7)]:
-        rpw = rpw or _cuda.row_walk_rows_per_warp(*shape, elem_bytes=eb, rule=True)
-        assert rpw >= 2, shape
+        rpw = rpw or max(2, _cuda.row_walk_rows_per_warp(*shape, elem_bytes=eb, rule=True))
         monkeypatch.setenv("JAX_SELSCAN_LS_ROWS_PER_WARP", str(rpw))
         assert _cuda.row_walk_rows_per_warp(*shape, elem_bytes=eb) == rpw
         assert _cuda.launched_algorithm(dtype, shape[0], shape[1], 1) == 7, shape  # kRowWalk
@@ -504,14 +503,14 @@ def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
 @needs_extension
 def test_auto_rule_for_short_strided_scans(monkeypatch):
     """strided_whole (one block per channel tile through the whole axis, no look-back) for fp32 /
-    16-bit strided axes: JAX_SELSCAN_LS_WHOLE=1 / 0 turns it on / off wherever it can run;
-    "auto" does not take it yet (docs/PERFORMANCE_CUDA.md section 20)."""
+    16-bit strided axes of L <= 1024 and <= 2^20 elements (what was measured); JAX_SELSCAN_LS_WHOLE=1 / 0 turns it
+    on / off wherever it can run (docs/PERFORMANCE_CUDA.md sections 20, 20.2)."""
     from jax_selscan import _cuda
     WHOLE, STAGE, NARROW, ROWS = 15, 9, 14, 7  # cuda/linear_scan.h
     r = _cuda.resolve_algorithm
     monkeypatch.delenv("JAX_SELSCAN_LS_WHOLE", raising=False)
-    # off by default until measured on a GPU (cuda/dispatch.cc kWholeByDefault)
-    assert r(1, 1024, 1024) == STAGE and r(1, 1024, 1024, elem_bytes=2) == NARROW
+    assert r(1, 1024, 1024) == WHOLE and r(1, 1024, 1024, elem_bytes=2) == WHOLE
+    assert r(2, 512, 1024) == WHOLE and r(2, 1024, 1024) != WHOLE  # 2^20 elements at most
     assert r(1, 1025, 1024) != WHOLE and r(2048, 32, 1024, elem_bytes=2) == NARROW
     assert r(1, 1024, 1024, elem_bytes=8) != WHOLE and r(1024, 1024, 1) == ROWS  # not contiguous
     monkeypatch.setenv("JAX_SELSCAN_LS_WHOLE", "0")
@@ -522,26 +521,25 @@ def test_auto_rule_for_short_strided_scans(monkeypatch):
 
 @needs_extension
 def test_row_walk_rows_per_warp_rule(monkeypatch):
-    """row_walk's rows per warp (no GPU needed): as many short rows as fill the warp's 6-stage
-    ring of 32-vector sub-chunks (256 bf16 / 128 fp32 / 64 fp64 elements), while at least 16384
-    warps remain; 1 for rows of 6 sub-chunks or more (docs/PERFORMANCE_CUDA.md section 21).
-    Off by default until measured (cuda/dispatch.cc kRowsPerWarpByDefault); the environment
-    variable forces a count."""
+    """row_walk's rows per warp (no GPU needed): about 2 KB of a and b per unit a warp walks, so
+    rows of 1 KB two a warp, of 512 B four, of >= 2 KB one, while at least 16384 warps remain
+    (docs/PERFORMANCE_CUDA.md section 21.2). The environment variable forces a count."""
     from jax_selscan import _cuda
     runs = _cuda.row_walk_rows_per_warp
 
     def r(*args, **kw):
         return runs(*args, **kw, rule=True)
 
-    assert r(65536, 256, elem_bytes=2) == 4 and r(65536, 256) == 3 and r(65536, 256, elem_bytes=8) == 2
-    assert r(10**6, 32) == 6 and r(32771, 64) == 2 and r(16383, 64) == 1
-    assert r(12288, 2048, elem_bytes=2) == 1 and r(4096, 16384) == 1 and r(10**6, 768) == 1
     monkeypatch.delenv("JAX_SELSCAN_LS_ROWS_PER_WARP", raising=False)
-    assert runs(65536, 256, elem_bytes=2) == 1  # off by default
+    assert r(65536, 256, elem_bytes=2) == 2 and r(65536, 256) == 1 and r(65536, 256, elem_bytes=8) == 1
+    assert r(131072, 128, elem_bytes=2) == 4 and r(131072, 128) == 2 and r(131072, 100) == 3
+    assert r(10**6, 32) == 8 and r(32771, 64) == 2 and r(16383, 64) == 1
+    assert r(32768, 512, elem_bytes=2) == 1 and r(4096, 16384) == 1 and r(10**6, 768) == 1
+    assert runs(65536, 256, elem_bytes=2) == 2 and runs(131072, 128) == 2  # the rule by default
     monkeypatch.setenv("JAX_SELSCAN_LS_ROWS_PER_WARP", "5")
     assert runs(4096, 16384) == 5 and r(4096, 16384) == 1
     monkeypatch.setenv("JAX_SELSCAN_LS_ROWS_PER_WARP", "0")  # not a count: the default
-    assert runs(65536, 256, elem_bytes=2) == 1
+    assert runs(65536, 256, elem_bytes=2) == 2
 
 
 @needs_extension

@@ -277,7 +277,7 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"contiguous 4096x4096", 4096, 4096, 1, jss::kRowWalk},
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedWalk},
       {"contiguous 4096x4096 auto", 4096, 4096, 1, jss::kAuto},
-      {"contiguous 65536x256 auto", 65536, 256, 1, jss::kAuto},  // row_walk (3 rows a warp with section 21's rule on)
+      {"contiguous 65536x256 auto", 65536, 256, 1, jss::kAuto},  // row_walk (rows a warp by section 21.2's rule)
       {"strided L=4096 C=24576 auto", 1, 4096, 24576, jss::kAuto},
       {"strided L=65536 C=1024", 1, 65536, 1024, jss::kStridedStage},
       {"strided L=4096 C=24576", 1, 4096, 24576, jss::kStridedStage},
@@ -295,7 +295,7 @@ static int mode_determinism(int runs, const std::string& filter) {
       {"contiguous 256x65536", 256, 65536, 1, jss::kRowPipe},
       {"contiguous 1x2^24 bf16", 1, 1 << 24, 1, jss::kRowPipe, true},  // the 16-bit re-walk
       {"contiguous 100x2^18 bf16", 100, 1 << 18, 1, jss::kRowPipe, true},
-      {"strided L=1024 C=1024 auto", 1, 1024, 1024, jss::kAuto},  // strided_whole once kWholeByDefault
+      {"strided L=1024 C=1024 auto", 1, 1024, 1024, jss::kAuto},  // strided_whole (its default rule)
       {"strided L=4096 C=1024", 1, 4096, 1024, jss::kStridedWhole},  // 4 rounds
   };
   int fails = 0;
