@@ -503,8 +503,9 @@ def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
 @needs_extension
 def test_auto_rule_for_short_strided_scans(monkeypatch):
     """strided_whole (one block per channel tile through the whole axis, no look-back) for fp32 /
-    16-bit strided axes of L <= 1024 and <= 2^20 elements (what was measured); JAX_SELSCAN_LS_WHOLE=1 / 0 turns it
-    on / off wherever it can run (docs/PERFORMANCE_CUDA.md sections 20, 20.2)."""
+    16-bit strided axes of L <= 1024 and <= 2^20 elements (what was measured);
+    JAX_SELSCAN_LS_WHOLE=1 / 0 turns it on / off wherever it can run (docs/PERFORMANCE_CUDA.md
+    sections 20, 20.2)."""
     from jax_selscan import _cuda
     WHOLE, STAGE, NARROW, ROWS = 15, 9, 14, 7  # cuda/linear_scan.h
     r = _cuda.resolve_algorithm
@@ -545,10 +546,11 @@ def test_row_walk_rows_per_warp_rule(monkeypatch):
 @needs_extension
 def test_auto_rule_for_long_strided_scans(monkeypatch):
     """"auto" for strided axes among the tiled kernels (no GPU needed; the measurements behind
-    it are in cuda/dispatch.cc; strided_whole, which takes the small ones, is off here). A chain is one channel tile of one outer row: wide tiles hold 128 fp32 /
-    256 16-bit channels, narrow ones 64 / 128. Axes longer than 1024 steps: fp32 the wide pipe
-    from 3 wide chains, else the narrow pipe from 2 narrow chains, else strided_stage; 16-bit
-    types the narrow pipe from 2 to 8 narrow chains, the wide pipe beyond, strided_stage on one.
+    it are in cuda/dispatch.cc; strided_whole, which takes the small ones, is off here). A
+    chain is one channel tile of one outer row: wide tiles hold 128 fp32 / 256 16-bit channels,
+    narrow ones 64 / 128. Axes longer than 1024 steps: fp32 the wide pipe from 3 wide chains,
+    else the narrow pipe from 2 narrow chains, else strided_stage; 16-bit types the narrow pipe
+    from 2 to 8 narrow chains, the wide pipe beyond, strided_stage on one.
     Axes of at most 1024 steps: fp32 strided_stage; 16-bit types the narrow pipe from 3 narrow
     chains, else strided_stage. 8-byte types: lookback_regs."""
     from jax_selscan import _cuda
