@@ -9,17 +9,16 @@ namespace jss {
 // strided_whole (one block per channel tile through the whole axis, no look-back) where the
 // tiled kernels' chain of look-backs, not memory, bounds a call: docs/PERFORMANCE_CUDA.md
 // section 20. JAX_SELSCAN_LS_WHOLE=0 / =1 turns it off / on wherever it can run (measurements).
-// On by default since session 52 (H100, section 20.2, chains of 128 calls): (1024, 1024) bf16
+// "auto" takes it since session 52 (H100, section 20.2, chains of 128 calls): (1024, 1024) bf16
 // 10.8 -> 5.3-7.5 us a call, fp32 12.9 -> 11.4-11.7; forced at L = 4096 it lost (fp32 25 -> 36
 // us), hence L <= 1024; larger shapes than 2^20 elements are not measured, hence that bound.
-constexpr bool kWholeByDefault = true;
 static bool whole_wanted(const ScanProblem& p, int elem_bytes) {
   if (p.inner <= 1 || !(elem_bytes == 4 || elem_bytes == 2)) return false;
   if (const char* e = std::getenv("JAX_SELSCAN_LS_WHOLE")) {
     if (e[0] == '0') return false;
     if (e[0] == '1') return true;
   }
-  return kWholeByDefault && p.L <= 1024 && p.outer * p.L * p.inner <= (int64_t(1) << 20);
+  return p.L <= 1024 && p.outer * p.L * p.inner <= (int64_t(1) << 20);
 }
 
 int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
@@ -34,7 +33,6 @@ int resolve_algorithm(const ScanProblem& p, int elem_bytes) {
 // instead, session 51's rule, lost 1-3 points at rows of 2-4 KB). At least 16384 warps remain
 // (about 4 waves of the 32 one-warp blocks an SM holds, on 132 SMs).
 // JAX_SELSCAN_LS_ROWS_PER_WARP=n forces n (measurements).
-constexpr bool kRowsPerWarpByDefault = true;
 constexpr int64_t kRowWalkBytesPerWarpRow = 2048;  // a and b together
 int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes, bool rule) {
   if (!rule) {
@@ -42,7 +40,6 @@ int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes, bool ru
       const long long n = std::atoll(e);
       if (n >= 1) return n;
     }
-    if (!kRowsPerWarpByDefault) return 1;
   }
   const int64_t row_bytes = std::max<int64_t>(1, 2 * L * elem_bytes);
   const int64_t fill = (kRowWalkBytesPerWarpRow + row_bytes - 1) / row_bytes;

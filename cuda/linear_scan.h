@@ -40,8 +40,6 @@ enum class DType { F32, F64, BF16, F16, C64 };
 // such tiles (dispatch.cc), so both sides take the widths from here.
 constexpr int kPipeLaneBytes = 16, kNarrowPipeLaneBytes = 8;
 constexpr int64_t pipe_tile_channels(int lane_bytes, int elem_bytes) { return 32 * lane_bytes / elem_bytes; }
-// row_walk's ring of shared-memory stages per warp (Config in scan_plan.cuh).
-constexpr int kRowWalkStages = 6;
 
 // The array is seen as (outer, L, inner), row-major. Element (o, t, c) lives at
 // (o * L + t) * inner + c. h0 is (outer, inner). aprod may be null.

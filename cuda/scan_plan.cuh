@@ -32,7 +32,7 @@ struct Config {
   static constexpr int HS_THREADS = 1024;
   // walk kernels: ring depths (shared memory per warp: ROW_STAGES KB; SW_STAGES * SW_K *
   // 64 * VB bytes)
-  static constexpr int ROW_STAGES = kRowWalkStages;
+  static constexpr int ROW_STAGES = 6;
   static constexpr int SW_STAGES = 8;
   static constexpr int SW_K = 4;
   static constexpr size_t row_smem() { return size_t(ROW_STAGES) * 2 * 32 * 16; }
