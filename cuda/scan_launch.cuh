@@ -1,7 +1,9 @@
 // Host helpers every launcher shares: the kernel parameters of a problem, the arrays'
-// alignment, and the resident-block count of a persistent grid.
+// alignment, the resident-block count of a persistent grid, and shared memory padded to cap
+// the blocks an SM holds.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 
 #include "scan_common.cuh"
@@ -51,6 +53,33 @@ cudaError_t resident_blocks(K kernel, int threads, size_t smem, std::atomic<int>
   if (err != cudaSuccess) return err;
   out = per_sm * sms > 0 ? per_sm * sms : 1;
   cache[dev & 63].store(out, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+// Dynamic shared memory for a kernel whose blocks need `need` bytes, padded so that an SM holds
+// at most `cap` of them (cap 0: `need` alone). Only the allocation caps the blocks; the kernel
+// touches its `need` bytes. The SM's shared memory and the per-block reservation are asked once
+// per device; the share is rounded down to the 128-byte allocation unit, and the padding stops
+// at 48 KB (no opt-in needed: a cap below 5 is not reached).
+inline cudaError_t capped_smem(size_t need, int cap, size_t& out) {
+  out = need;
+  if (cap <= 0) return cudaSuccess;
+  static std::atomic<int> per_sm_cache[64], reserved_cache[64];
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  int per_sm = per_sm_cache[dev & 63].load(std::memory_order_acquire);  // after reserved's store
+  int reserved = reserved_cache[dev & 63].load(std::memory_order_relaxed);
+  if (per_sm <= 0) {
+    err = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev);
+    if (err != cudaSuccess) return err;
+    reserved_cache[dev & 63].store(reserved, std::memory_order_relaxed);
+    per_sm_cache[dev & 63].store(per_sm, std::memory_order_release);
+  }
+  const size_t share = (size_t(per_sm) / size_t(cap)) & ~size_t(127);
+  const size_t pad = share > size_t(reserved) ? share - size_t(reserved) : 0;
+  out = std::min(std::max(need, pad), std::max(need, size_t(48) * 1024));
   return cudaSuccess;
 }
 

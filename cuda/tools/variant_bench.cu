@@ -89,9 +89,11 @@ Dev make_dev(const ScanProblem& p, const Plan& pl, void* scratch) {
   return d;
 }
 
-// rpw: rows per warp (0: the rule, row_walk_rows_per_warp(..., rule = true))
+// rpw: rows per warp (0: the rule, row_walk_rows_per_warp(..., rule = true)); cap: the most
+// one-warp blocks an SM holds (the ring's shared memory padded, capped_smem; 0: no cap, -1: the
+// rule, row_walk_warps_per_sm(..., rule = true); section 22)
 template <class T, int STAGES>
-void row_walk(const ScanProblem& p, int64_t rpw) {
+void row_walk(const ScanProblem& p, int64_t rpw, int cap = 0) {
   ScanProblem q = p;
   q.algorithm = kRowWalk;
   Plan pl = make_plan<T>(q);
@@ -99,7 +101,9 @@ void row_walk(const ScanProblem& p, int64_t rpw) {
   d.vec = p.L % (16 / sizeof(T)) == 0;
   d.rows_per_warp = rpw > 0 ? rpw : row_walk_rows_per_warp(p.outer, p.L, (int)sizeof(T), true);
   const int64_t warps = (p.outer + d.rows_per_warp - 1) / d.rows_per_warp;
-  row_walk_kernel<T, STAGES><<<(unsigned)warps, 32, STAGES * 1024>>>(d);
+  size_t smem = 0;
+  CK(capped_smem(size_t(STAGES) * 1024, cap >= 0 ? cap : row_walk_warps_per_sm(p.L, (int)sizeof(T), true), smem));
+  row_walk_kernel<T, STAGES><<<(unsigned)warps, 32, smem>>>(d);
 }
 template <class T, int STAGES, int K>
 void strided_walk(const ScanProblem& p) {
@@ -286,6 +290,24 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"row_walk_s6_r4", [&] { row_walk<T, 6>(p, 4); }});
     vs.push_back({"row_walk_s6_r8", [&] { row_walk<T, 6>(p, 8); }});
     vs.push_back({"row_walk_s12_r4", [&] { row_walk<T, 12>(p, 4); }});
+    // section 22: the one-warp blocks an SM holds capped at c (shared memory padded; c0: the
+    // rule), with rings of 4-12 stages (s12 alone holds ~17 an SM)
+    vs.push_back({"row_walk_s6_c0", [&] { row_walk<T, 6>(p, 0, -1); }});
+    vs.push_back({"row_walk_s6_c24", [&] { row_walk<T, 6>(p, 1, 24); }});
+    vs.push_back({"row_walk_s6_c20", [&] { row_walk<T, 6>(p, 1, 20); }});
+    vs.push_back({"row_walk_s6_c16", [&] { row_walk<T, 6>(p, 1, 16); }});
+    vs.push_back({"row_walk_s6_c12", [&] { row_walk<T, 6>(p, 1, 12); }});
+    vs.push_back({"row_walk_s6_c10", [&] { row_walk<T, 6>(p, 1, 10); }});
+    vs.push_back({"row_walk_s6_c8", [&] { row_walk<T, 6>(p, 1, 8); }});
+    vs.push_back({"row_walk_s8_c16", [&] { row_walk<T, 8>(p, 1, 16); }});
+    vs.push_back({"row_walk_s8_c12", [&] { row_walk<T, 8>(p, 1, 12); }});
+    vs.push_back({"row_walk_s12_c12", [&] { row_walk<T, 12>(p, 1, 12); }});
+    vs.push_back({"row_walk_s12_c8", [&] { row_walk<T, 12>(p, 1, 8); }});
+    vs.push_back({"row_walk_s4_c16", [&] { row_walk<T, 4>(p, 1, 16); }});
+    vs.push_back({"row_walk_s12_r1", [&] { row_walk<T, 12>(p, 1); }});
+    vs.push_back({"row_walk_s12_r2", [&] { row_walk<T, 12>(p, 2); }});
+    vs.push_back({"row_walk_s4_r1", [&] { row_walk<T, 4>(p, 1); }});
+    vs.push_back({"row_walk_s4_r2", [&] { row_walk<T, 4>(p, 2); }});
     vs.push_back({"tile_lb_256x16_minb3", [&] { tile_opt<T, 256, 64 / sizeof(T), CARRY_LB_WARP, 3, 0>(p, scratch); }});
     vs.push_back({"tile_lb_256x16_minb4", [&] { tile_opt<T, 256, 64 / sizeof(T), CARRY_LB_WARP, 4, 0>(p, scratch); }});
     vs.push_back({"tile_lb_512x16_minb2", [&] { tile_opt<T, 512, 64 / sizeof(T), CARRY_LB_WARP, 2, 0>(p, scratch); }});
