@@ -31,16 +31,17 @@ namespace jss {
 // reaches only after its reads of round r.
 struct WholeCfg {
   static constexpr int THREADS = 256, NW = 8, S = 4;
-  static constexpr int round_steps(int ncv) { return THREADS / ncv * S; }
+  static constexpr int round_steps(int ncv, int s = S) { return THREADS / ncv * s; }
 };
 
-template <class T, int NCV>
+// S: steps a thread folds (WholeCfg::S in the package; the variant bench times others)
+template <class T, int NCV, int S = WholeCfg::S>
 __global__ void __launch_bounds__(WholeCfg::THREADS) strided_whole_kernel(Dev d) {
   using E = Elem<T>;
   using SS = typename E::S;
   using P = Pair<SS>;
   constexpr int V = StageCfg<T>::V;
-  constexpr int S = WholeCfg::S, NW = WholeCfg::NW;
+  constexpr int NW = WholeCfg::NW;
   constexpr int NG = WholeCfg::THREADS / NCV, GW = 32 / NCV;
   static_assert(NCV >= 1 && NCV <= 32 && (NCV & (NCV - 1)) == 0, "NCV: a power of two <= 32");
   __shared__ P s_tot[2][NW][NCV][V];
@@ -146,10 +147,13 @@ __global__ void __launch_bounds__(WholeCfg::THREADS) strided_whole_kernel(Dev d)
 }
 
 // The block's channel vectors: the largest power of two NCV <= 32 whose round (1024 / NCV steps)
-// still covers the axis, no more than the row's vectors rounded up to a power of two (NCV = 1
-// for axes longer than 1024 steps: several rounds).
+// still covers the axis, no more than the row's vectors rounded up to a power of two, and at
+// least 2 where the row has 2 vectors: with NCV = 1 a warp's 16-byte loads and stores each use
+// half of a 32-byte sector (ncu: 49% excess sectors), so axes of 513-1024 steps take 2 rounds
+// of NCV = 2 (docs/PERFORMANCE_CUDA.md section 22.5: fp32 (1024, 1024) 11.0 -> 8.9 us kernel
+// alone from DRAM, bf16 even).
 inline int whole_ncv(int64_t L, int64_t nvec) {
-  int ncv = 1;
+  int ncv = nvec >= 2 ? 2 : 1;
   while (ncv < 32 && WholeCfg::round_steps(2 * ncv) >= L && ncv < nvec) ncv *= 2;
   return ncv;
 }
@@ -161,14 +165,14 @@ int64_t whole_vectors(const ScanProblem& p) {
   return p.inner / StageCfg<T>::V;
 }
 
-template <class T, int NCV>
+template <class T, int NCV, int S = WholeCfg::S>
 cudaError_t whole_launch_ncv(const ScanProblem& p, cudaStream_t stream) {
   const int64_t nvec = whole_vectors<T>(p);
   const int64_t blocks = p.outer * ((nvec + NCV - 1) / NCV);
   if (blocks >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
   Dev d = dev_params(p);
   d.vec = true;
-  strided_whole_kernel<T, NCV><<<(unsigned)blocks, WholeCfg::THREADS, 0, stream>>>(d);
+  strided_whole_kernel<T, NCV, S><<<(unsigned)blocks, WholeCfg::THREADS, 0, stream>>>(d);
   return cudaGetLastError();
 }
 

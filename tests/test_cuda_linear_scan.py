@@ -279,14 +279,16 @@ def test_row_pipe_long_rows(dtype, reverse):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_strided_whole(dtype, reverse, monkeypatch):
     """strided_whole (one block per channel tile through the whole axis), forced wherever it can
-    run (JAX_SELSCAN_LS_WHOLE=1): one round of 1024 / NCV steps with NCV = 1, 2, 8, 32 vectors a
-    block, several rounds with the carry crossing them, outer rows, a partial last block of
-    vectors; h and a_prod against the float64 recurrence, and the kernel it ran."""
+    run (JAX_SELSCAN_LS_WHOLE=1): one round of 1024 / NCV steps with NCV = 2, 8, 32 vectors a
+    block, two rounds of NCV = 2 (L = 1000), several rounds with the carry crossing them, a row
+    of one vector (NCV = 1), outer rows, a partial last block of vectors; h and a_prod against
+    the float64 recurrence, and the kernel it ran."""
     from jax_selscan import _cuda
     monkeypatch.setenv("JAX_SELSCAN_LS_WHOLE", "1")
     jdt, tol = DTYPES[dtype]
+    one_vector = ((700, 4), 0) if dtype == "float32" else ((700, 8), 0)
     for shape, axis in [((1000, 64), 0), ((2, 300, 136), 1), ((3, 100, 48), 1), ((2, 9, 512), 1),
-                        ((2600, 40), 0), ((1, 5000, 8), 1)]:
+                        ((2600, 40), 0), ((1, 5000, 8), 1), one_vector]:
         outer, L, inner = int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
         assert _cuda.launched_algorithm(dtype, outer, L, inner) == 15, shape  # kStridedWhole
         a, b, h0 = make(shape, axis, jdt, seed=hash((dtype, reverse, shape)) % 2**32)

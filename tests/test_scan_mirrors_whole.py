@@ -12,8 +12,9 @@ from scan_mirror_common import comb, ident, inputs, strided_mirror_ok
 
 def whole_ncv(L, nvec, threads=256, s=4):
     """whole_ncv(): the largest power of two NCV <= 32 whose round (threads / NCV * s steps)
-    covers L, no more than nvec rounded up to a power of two."""
-    ncv = 1
+    covers L, no more than nvec rounded up to a power of two, at least 2 where nvec >= 2 (whole
+    32-byte sectors: docs/PERFORMANCE_CUDA.md section 22.5)."""
+    ncv = 2 if nvec >= 2 else 1
     while ncv < 32 and threads // (2 * ncv) * s >= L and ncv < nvec:
         ncv *= 2
     return ncv
@@ -127,7 +128,8 @@ def test_whole_mirror(shape, vw, ncv, reverse):
 
 def test_whole_ncv_rule():
     # the block's vectors: one round covers the axis where it can (256 threads, 4 steps each)
-    assert whole_ncv(1024, 256) == 1 and whole_ncv(1025, 256) == 1 and whole_ncv(5000, 9) == 1
-    assert whole_ncv(512, 256) == 2 and whole_ncv(513, 256) == 1
+    assert whole_ncv(1024, 256) == 2 and whole_ncv(1025, 256) == 2 and whole_ncv(5000, 9) == 2
+    assert whole_ncv(512, 256) == 2 and whole_ncv(513, 256) == 2 and whole_ncv(256, 256) == 4
+    assert whole_ncv(1024, 1) == 1 and whole_ncv(5000, 2) == 2
     assert whole_ncv(32, 256) == 32 and whole_ncv(33, 256) == 16 and whole_ncv(1, 256) == 32
     assert whole_ncv(32, 3) == 4 and whole_ncv(32, 1) == 1  # no more than the vectors, a power of two

@@ -317,6 +317,15 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"strided_pipe", named(kStridedPipe)});
     if (kHasNarrowPipe<T>) vs.push_back({"strided_pipe_narrow", named(kStridedPipeNarrow)});
     vs.push_back({"strided_whole", named(kStridedWhole)});  // section 20
+    if (p.inner % (16 / sizeof(T)) == 0 && p.L <= 1024) {  // section 22.5: channel vectors x steps a thread
+      vs.push_back({"whole_n1s4", [&] { CK((whole_launch_ncv<T, 1, 4>(p, 0))); }});
+      vs.push_back({"whole_n2s4", [&] { CK((whole_launch_ncv<T, 2, 4>(p, 0))); }});
+      vs.push_back({"whole_n4s4", [&] { CK((whole_launch_ncv<T, 4, 4>(p, 0))); }});
+      if constexpr (sizeof(T) == 4) {  // 8 steps of 16-bit vectors spill (255 registers)
+        vs.push_back({"whole_n2s8", [&] { CK((whole_launch_ncv<T, 2, 8>(p, 0))); }});
+        vs.push_back({"whole_n4s8", [&] { CK((whole_launch_ncv<T, 4, 8>(p, 0))); }});
+      }
+    }
     vs.push_back({"stage_w8s8_b1", [&] { stage<T, 8, 8, 1>(p, scratch); }});
     vs.push_back({"stage_w8s4_b1", [&] { stage<T, 8, 4, 1>(p, scratch); }});
     vs.push_back({"stage_w8s12_b1", [&] { stage<T, 8, 12, 1>(p, scratch); }});
@@ -449,7 +458,8 @@ int main(int argc, char** argv) {
       shapes.push_back({names.back().c_str(), o, l, i});
     }
   }
-  if (ncu) shapes = {{"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024}};
+  if (ncu && !std::getenv("VB_SHAPES"))
+    shapes = {{"(4096, 24576) ax0", 1, 4096, 24576}, {"(65536, 1024) ax0", 1, 65536, 1024}};
   if (ncu && std::getenv("VB_ROWS")) shapes = {{"256 x 65536", 256, 65536, 1}};
   if (ncu && std::getenv("VB_NCU_LONG_ROW")) shapes = {{"1 x 2^26", 1, 1 << 26, 1}};
   // ncu: fp32 only, or bf16 only with VB_NCU_BF16
