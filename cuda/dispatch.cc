@@ -9,16 +9,20 @@ namespace jss {
 // strided_whole (one block per channel tile through the whole axis, no look-back) where the
 // tiled kernels' chain of look-backs, not memory, bounds a call: docs/PERFORMANCE_CUDA.md
 // section 20. JAX_SELSCAN_LS_WHOLE=0 / =1 turns it off / on wherever it can run (measurements).
-// "auto" takes it since session 52 (H100, section 20.2, chains of 128 calls): (1024, 1024) bf16
-// 10.8 -> 5.3-7.5 us a call, fp32 12.9 -> 11.4-11.7; forced at L = 4096 it lost (fp32 25 -> 36
-// us), hence L <= 1024; larger shapes than 2^20 elements are not measured, hence that bound.
+// "auto" takes it for axes of L <= 1024 (forced at L = 4096 it lost: fp32 25 -> 36 us a call,
+// section 20.2). With whole 32-byte sectors (section 22.6) it beat the tiled kernels at every fp32
+// shape measured, 2^20 to 2^26 elements (section 22.8, kernel alone on an H100, % of copy):
+// (1024, 2048) axis 0 46 -> 61-68%, (256, 8192) 47 -> 72%, (1024, 16384) 72 -> 83%, (2048, 32,
+// 1024) axis 1 88 -> 99%; in 16-bit types up to 2^22 elements ((1024, 2048) 24 -> 35%, (1024,
+// 4096) 42 -> 48%) and lost from 2^24 ((1024, 16384) 62 -> 50%, (2048, 32, 1024) 70 -> 44%: one
+// block an SM, 139-147 registers), hence that bound for them.
 static bool whole_wanted(const ScanProblem& p, int elem_bytes) {
   if (p.inner <= 1 || !(elem_bytes == 4 || elem_bytes == 2)) return false;
   if (const char* e = std::getenv("JAX_SELSCAN_LS_WHOLE")) {
     if (e[0] == '0') return false;
     if (e[0] == '1') return true;
   }
-  return p.L <= 1024 && p.outer * p.L * p.inner <= (int64_t(1) << 20);
+  return p.L <= 1024 && (elem_bytes == 4 || p.outer * p.L * p.inner <= (int64_t(1) << 22));
 }
 
 int resolve_algorithm(const ScanProblem& p, int elem_bytes) {

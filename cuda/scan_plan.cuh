@@ -151,7 +151,7 @@ Plan make_plan(const ScanProblem& p) {
   if (pl.algo == kStridedWhole && !stage_legal<T>(p)) pl.algo = resolve_tiled_algorithm(p, (int)sizeof(T));
   if (pl.algo == kStridedWhole) {  // no scratch at all
     const int64_t nvec = whole_vectors<T>(p);
-    const int ncv = whole_ncv(p.L, nvec);
+    const int ncv = whole_ncv(p.L, nvec, p.outer);
     pl.nct = (nvec + ncv - 1) / ncv;  // blocks per outer index
     pl.nchains = p.outer * pl.nct;
     pl.nchunks = 1;

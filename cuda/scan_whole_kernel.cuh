@@ -147,14 +147,19 @@ __global__ void __launch_bounds__(WholeCfg::THREADS) strided_whole_kernel(Dev d)
 }
 
 // The block's channel vectors: the largest power of two NCV <= 32 whose round (1024 / NCV steps)
-// still covers the axis, no more than the row's vectors rounded up to a power of two, and at
-// least 2 where the row has 2 vectors: with NCV = 1 a warp's 16-byte loads and stores each use
-// half of a 32-byte sector (ncu: 49% excess sectors), so axes of 513-1024 steps take 2 rounds
-// of NCV = 2 (docs/PERFORMANCE_CUDA.md section 22.5: fp32 (1024, 1024) 11.0 -> 8.9 us kernel
-// alone from DRAM, bf16 even).
-inline int whole_ncv(int64_t L, int64_t nvec) {
+// still covers the axis, no more than the row's vectors rounded up to a power of two, and
+//  * at least 2 where the row has 2 vectors: with NCV = 1 a warp's 16-byte loads and stores each
+//    use half of a 32-byte sector (ncu: 49% excess sectors), so axes of 513-1024 steps take 2
+//    rounds of NCV = 2 (docs/PERFORMANCE_CUDA.md section 22.6: fp32 (1024, 1024) 9.5 -> 6.4 us a
+//    call);
+//  * up to 4 (more rounds) while that leaves >= 128 blocks: fewer, longer blocks streamed better
+//    where there are many (section 22.8, fp32 (1024, 4096) axis 0 59 -> 66% of copy, (1024,
+//    16384) 73 -> 83%; bf16 (1024, 4096) 44 -> 48%), and lost where 64 or 32 remained ((1024,
+//    1024) fp32 39 -> 36%, bf16 20 -> 13%).
+inline int whole_ncv(int64_t L, int64_t nvec, int64_t outer) {
   int ncv = nvec >= 2 ? 2 : 1;
   while (ncv < 32 && WholeCfg::round_steps(2 * ncv) >= L && ncv < nvec) ncv *= 2;
+  while (ncv < 4 && ncv < nvec && outer * ((nvec + 2 * ncv - 1) / (2 * ncv)) >= 128) ncv *= 2;
   return ncv;
 }
 
@@ -178,7 +183,7 @@ cudaError_t whole_launch_ncv(const ScanProblem& p, cudaStream_t stream) {
 
 template <class T>
 cudaError_t whole_launch(const ScanProblem& p, cudaStream_t stream) {
-  switch (whole_ncv(p.L, whole_vectors<T>(p))) {
+  switch (whole_ncv(p.L, whole_vectors<T>(p), p.outer)) {
     case 1: return whole_launch_ncv<T, 1>(p, stream);
     case 2: return whole_launch_ncv<T, 2>(p, stream);
     case 4: return whole_launch_ncv<T, 4>(p, stream);

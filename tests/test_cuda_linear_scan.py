@@ -280,15 +280,16 @@ def test_row_pipe_long_rows(dtype, reverse):
 def test_strided_whole(dtype, reverse, monkeypatch):
     """strided_whole (one block per channel tile through the whole axis), forced wherever it can
     run (JAX_SELSCAN_LS_WHOLE=1): one round of 1024 / NCV steps with NCV = 2, 8, 32 vectors a
-    block, two rounds of NCV = 2 (L = 1000), several rounds with the carry crossing them, a row
-    of one vector (NCV = 1), outer rows, a partial last block of vectors; h and a_prod against
-    the float64 recurrence, and the kernel it ran."""
+    block, two rounds of NCV = 2 (L = 1000), four rounds of NCV = 4 (L = 1000 over 4096 channels:
+    >= 128 blocks), several rounds with the carry crossing them, a row of one vector (NCV = 1),
+    outer rows, a partial last block of vectors; h and a_prod against the float64 recurrence, and
+    the kernel it ran."""
     from jax_selscan import _cuda
     monkeypatch.setenv("JAX_SELSCAN_LS_WHOLE", "1")
     jdt, tol = DTYPES[dtype]
     one_vector = ((700, 4), 0) if dtype == "float32" else ((700, 8), 0)
     for shape, axis in [((1000, 64), 0), ((2, 300, 136), 1), ((3, 100, 48), 1), ((2, 9, 512), 1),
-                        ((2600, 40), 0), ((1, 5000, 8), 1), one_vector]:
+                        ((2600, 40), 0), ((1, 5000, 8), 1), one_vector, ((1000, 4096), 0)]:
         outer, L, inner = int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
         assert _cuda.launched_algorithm(dtype, outer, L, inner) == 15, shape  # kStridedWhole
         a, b, h0 = make(shape, axis, jdt, seed=hash((dtype, reverse, shape)) % 2**32)
@@ -532,16 +533,17 @@ def test_cuda_lowering_requests_scratch(shape, axis, dtype, prod):
 
 @needs_extension
 def test_auto_rule_for_short_strided_scans(monkeypatch):
-    """strided_whole (one block per channel tile through the whole axis, no look-back) for fp32 /
-    16-bit strided axes of L <= 1024 and <= 2^20 elements (what was measured);
-    JAX_SELSCAN_LS_WHOLE=1 / 0 turns it on / off wherever it can run (docs/PERFORMANCE_CUDA.md
-    sections 20, 20.2)."""
+    """strided_whole (one block per channel tile through the whole axis, no look-back) for
+    strided axes of L <= 1024: fp32 at any size, 16-bit types up to 2^22 elements (what was
+    measured); JAX_SELSCAN_LS_WHOLE=1 / 0 turns it on / off wherever it can run
+    (docs/PERFORMANCE_CUDA.md sections 20, 20.2, 22.8)."""
     from jax_selscan import _cuda
     WHOLE, STAGE, NARROW, ROWS = 15, 9, 14, 7  # cuda/linear_scan.h
     r = _cuda.resolve_algorithm
     monkeypatch.delenv("JAX_SELSCAN_LS_WHOLE", raising=False)
     assert r(1, 1024, 1024) == WHOLE and r(1, 1024, 1024, elem_bytes=2) == WHOLE
-    assert r(2, 512, 1024) == WHOLE and r(2, 1024, 1024) != WHOLE  # 2^20 elements at most
+    assert r(4, 1024, 1024, elem_bytes=2) == WHOLE and r(8, 1024, 1024, elem_bytes=2) != WHOLE
+    assert r(2048, 32, 1024) == WHOLE and r(1, 1024, 1 << 20) == WHOLE  # fp32: any size
     assert r(1, 1025, 1024) != WHOLE and r(2048, 32, 1024, elem_bytes=2) == NARROW
     assert r(1, 1024, 1024, elem_bytes=8) != WHOLE and r(1024, 1024, 1) == ROWS  # not contiguous
     monkeypatch.setenv("JAX_SELSCAN_LS_WHOLE", "0")

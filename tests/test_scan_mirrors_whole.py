@@ -10,12 +10,15 @@ import pytest
 from scan_mirror_common import comb, ident, inputs, strided_mirror_ok
 
 
-def whole_ncv(L, nvec, threads=256, s=4):
+def whole_ncv(L, nvec, outer=1, threads=256, s=4):
     """whole_ncv(): the largest power of two NCV <= 32 whose round (threads / NCV * s steps)
     covers L, no more than nvec rounded up to a power of two, at least 2 where nvec >= 2 (whole
-    32-byte sectors: docs/PERFORMANCE_CUDA.md section 22.5)."""
+    32-byte sectors), and up to 4 while >= 128 blocks remain (docs/PERFORMANCE_CUDA.md sections
+    22.6, 22.8)."""
     ncv = 2 if nvec >= 2 else 1
     while ncv < 32 and threads // (2 * ncv) * s >= L and ncv < nvec:
+        ncv *= 2
+    while ncv < 4 and ncv < nvec and outer * -(-nvec // (2 * ncv)) >= 128:
         ncv *= 2
     return ncv
 
@@ -133,3 +136,6 @@ def test_whole_ncv_rule():
     assert whole_ncv(1024, 1) == 1 and whole_ncv(5000, 2) == 2
     assert whole_ncv(32, 256) == 32 and whole_ncv(33, 256) == 16 and whole_ncv(1, 256) == 32
     assert whole_ncv(32, 3) == 4 and whole_ncv(32, 1) == 1  # no more than the vectors, a power of two
+    # up to 4 vectors (more rounds) while >= 128 blocks remain
+    assert whole_ncv(1024, 512) == 4 and whole_ncv(1024, 508) == 2 and whole_ncv(1024, 256, outer=2) == 4
+    assert whole_ncv(1024, 4096) == 4 and whole_ncv(256, 2048) == 4 and whole_ncv(32, 4096) == 32
