@@ -22,7 +22,9 @@ static bool whole_wanted(const ScanProblem& p, int elem_bytes) {
     if (e[0] == '0') return false;
     if (e[0] == '1') return true;
   }
-  return p.L <= 1024 && (elem_bytes == 4 || p.outer * p.L * p.inner <= (int64_t(1) << 22));
+  // (outer x inner <= 2^32 keeps its grid, about outer x inner / 8 blocks, below 2^31)
+  return p.L <= 1024 && p.outer * p.inner <= (int64_t(1) << 32) &&
+         (elem_bytes == 4 || p.outer * p.L * p.inner <= (int64_t(1) << 22));
 }
 
 int resolve_algorithm(const ScanProblem& p, int elem_bytes) {

@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(WholeCfg::THREADS) strided_whole_kernel(Dev d)
 //    rounds of NCV = 2 (docs/PERFORMANCE_CUDA.md section 22.6: fp32 (1024, 1024) 9.5 -> 6.4 us a
 //    call);
 //  * up to 4 (more rounds) while that leaves >= 128 blocks: fewer, longer blocks streamed better
-//    where there are many (section 22.8, fp32 (1024, 4096) axis 0 59 -> 66% of copy, (1024,
+//    where there are many (sections 22.7.1, 22.8, fp32 (1024, 4096) axis 0 59 -> 66% of copy, (1024,
 //    16384) 73 -> 83%; bf16 (1024, 4096) 44 -> 48%), and lost where 64 or 32 remained ((1024,
 //    1024) fp32 39 -> 36%, bf16 20 -> 13%).
 inline int whole_ncv(int64_t L, int64_t nvec, int64_t outer) {

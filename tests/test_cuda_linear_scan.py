@@ -543,7 +543,8 @@ def test_auto_rule_for_short_strided_scans(monkeypatch):
     monkeypatch.delenv("JAX_SELSCAN_LS_WHOLE", raising=False)
     assert r(1, 1024, 1024) == WHOLE and r(1, 1024, 1024, elem_bytes=2) == WHOLE
     assert r(4, 1024, 1024, elem_bytes=2) == WHOLE and r(8, 1024, 1024, elem_bytes=2) != WHOLE
-    assert r(2048, 32, 1024) == WHOLE and r(1, 1024, 1 << 20) == WHOLE  # fp32: any size
+    assert r(2048, 32, 1024) == WHOLE and r(1, 1024, 1 << 20) == WHOLE  # fp32: any size ...
+    assert r(1 << 21, 8, 1 << 11) == WHOLE and r(1 << 22, 8, 1 << 11) != WHOLE  # ... grid < 2^31
     assert r(1, 1025, 1024) != WHOLE and r(2048, 32, 1024, elem_bytes=2) == NARROW
     assert r(1, 1024, 1024, elem_bytes=8) != WHOLE and r(1024, 1024, 1) == ROWS  # not contiguous
     monkeypatch.setenv("JAX_SELSCAN_LS_WHOLE", "0")

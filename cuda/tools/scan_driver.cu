@@ -415,6 +415,8 @@ static int mode_big(const std::string& filter) {
   std::vector<B> cases = {{"contiguous 1 x (2^31+2^20+4)", 1, (1ll << 31) + (1 << 20) + 4, 1},
                           {"contiguous rows 2048 x (2^20+4)", 2048, (1 << 20) + 4, 1},
                           {"strided (L=2^17+1, C=16388) axis 0", 1, (1 << 17) + 1, 16388},
+                          // auto's strided_whole (fp32, L <= 1024: docs/PERFORMANCE_CUDA.md 22.8)
+                          {"strided (L=1000, C=2^21+2^16) axis 0 whole", 1, 1000, (1 << 21) + (1 << 16)},
                           {"contiguous 1 x (2^31+2^20+4) row_pipe", 1, (1ll << 31) + (1 << 20) + 4, 1, jss::kRowPipe},
                           {"strided (L=2^17+1, C=16388) narrow bf16", 1, (1 << 17) + 1, 16388,
                            jss::kStridedPipeNarrow, true},
