@@ -31,7 +31,7 @@ namespace jss {
 // reaches only after its reads of round r.
 struct WholeCfg {
   static constexpr int THREADS = 256, NW = 8, S = 4;
-  static constexpr int round_steps(int ncv, int s = S) { return THREADS / ncv * s; }
+  static constexpr int round_steps(int ncv) { return THREADS / ncv * S; }
 };
 
 // S: steps a thread folds (WholeCfg::S in the package; the variant bench times others)
