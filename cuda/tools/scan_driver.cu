@@ -213,6 +213,9 @@ static int mode_check(bool quick, bool tiny = false) {
   // wraps around several times, the look-back window moves back), a partial last chunk
   if (tiny && (g_only_algo == jss::kStridedPipe || g_only_algo == jss::kStridedPipeNarrow))
     shapes.push_back({1, 30001, 264});
+  // strided_whole: 1024 channels over 1100 steps, the geometries auto takes there: fp32 4
+  // vectors a block (5 rounds of 256 steps, the last partial), 16-bit 2 (3 rounds of 512)
+  if (tiny && g_only_algo == jss::kStridedWhole) shapes.push_back({2, 1100, 1024});
   // row_pipe: 5 tiles a row, and 135 fp32 tiles on one row (past the window, rings wrap)
   if (tiny && g_only_algo == jss::kRowPipe) {
     shapes.push_back({2, 40000, 1});
