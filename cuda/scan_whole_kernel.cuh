@@ -34,9 +34,11 @@ struct WholeCfg {
   static constexpr int round_steps(int ncv) { return THREADS / ncv * S; }
 };
 
-// S: steps a thread folds (WholeCfg::S in the package; the variant bench times others)
-template <class T, int NCV, int S = WholeCfg::S>
-__global__ void __launch_bounds__(WholeCfg::THREADS) strided_whole_kernel(Dev d) {
+// S: steps a thread folds (WholeCfg::S in the package; the variant bench times others);
+// MINB: blocks an SM the registers are budgeted for (0: unsaid, as in the package, which lets
+// ptxas pick 91 / 147 registers in fp32 / bf16; an explicit 1 gives 126 / 229; the bench times 2-3)
+template <class T, int NCV, int S = WholeCfg::S, int MINB = 0>
+__global__ void __launch_bounds__(WholeCfg::THREADS, MINB) strided_whole_kernel(Dev d) {
   using E = Elem<T>;
   using SS = typename E::S;
   using P = Pair<SS>;
@@ -170,14 +172,14 @@ int64_t whole_vectors(const ScanProblem& p) {
   return p.inner / StageCfg<T>::V;
 }
 
-template <class T, int NCV, int S = WholeCfg::S>
+template <class T, int NCV, int S = WholeCfg::S, int MINB = 0>
 cudaError_t whole_launch_ncv(const ScanProblem& p, cudaStream_t stream) {
   const int64_t nvec = whole_vectors<T>(p);
   const int64_t blocks = p.outer * ((nvec + NCV - 1) / NCV);
   if (blocks >= (int64_t(1) << 31)) return cudaErrorInvalidConfiguration;
   Dev d = dev_params(p);
   d.vec = true;
-  strided_whole_kernel<T, NCV, S><<<(unsigned)blocks, WholeCfg::THREADS, 0, stream>>>(d);
+  strided_whole_kernel<T, NCV, S, MINB><<<(unsigned)blocks, WholeCfg::THREADS, 0, stream>>>(d);
   return cudaGetLastError();
 }
 
