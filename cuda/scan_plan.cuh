@@ -361,7 +361,10 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
       size_t smem = 0;  // the ring, padded on long rows (row_walk_warps_per_sm)
       const cudaError_t err = capped_smem(C::row_smem(), row_walk_warps_per_sm(p.L, (int)sizeof(T)), smem);
       if (err != cudaSuccess) return err;
-      row_walk_kernel<T, C::ROW_STAGES><<<(unsigned)warps, 32, smem, stream>>>(d);
+      if (pl.rows_per_warp > 1)
+        row_walk_kernel<T, C::ROW_STAGES, true><<<(unsigned)warps, 32, smem, stream>>>(d);
+      else
+        row_walk_kernel<T, C::ROW_STAGES, false><<<(unsigned)warps, 32, smem, stream>>>(d);
     } else {
       d.vec = (align_bits(p) & (WalkCfg<T>::VB - 1)) == 0 && p.inner % WalkCfg<T>::NCH == 0;
       strided_walk_kernel<T, C::SW_STAGES, C::SW_K><<<(unsigned)pl.nchains, 32, C::sw_smem(), stream>>>(d);

@@ -28,14 +28,52 @@ __device__ __forceinline__ void warp_sub_scan(Pair<S> (&x)[VEC], Pair<S>& carry,
   carry = combine(carry, shfl_idx(w, 31));
 }
 
-// Contiguous layout, one warp per d.rows_per_warp consecutive rows (short rows: the ring runs on
-// across the warp's rows, so that its STAGES-1 stages of loads stay in flight from one row into
-// the next instead of draining at every row's end; docs/PERFORMANCE_CUDA.md section 21).
-// Sub-chunk j of a row covers logical items [j*SUB, (j+1)*SUB), SUB = 32*VEC; lane l holds
-// [j*SUB + l*VEC, +VEC) (one 16-byte vector of a and one of b, physical start p (forward) or
-// L-p-VEC (reverse, items in reversed order)). The warp's n-th sub-chunk, counted over its rows,
-// sits in stage n % STAGES of its ring.
-template <class T, int STAGES>
+// One sub-chunk of a row: the lane's 16-byte vectors ra (of a) and rb (of b), read from its ring
+// stage, scanned into the warp's carry; h (and a_prod) stored. p: the lane's first logical item.
+template <class T>
+__device__ __forceinline__ void row_walk_sub(const Dev& d, int64_t p, int64_t L, T* h, T* ap,
+                                             Pair<typename Elem<T>::S>& carry, int lane, const uint4& ra,
+                                             const uint4& rb, bool valid) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  using P = Pair<S>;
+  constexpr int VEC = 16 / sizeof(T);
+  P x[VEC];
+  Vec16<T> va, vb;
+  *reinterpret_cast<uint4*>(&va) = ra;
+  *reinterpret_cast<uint4*>(&vb) = rb;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const int i = d.reverse ? VEC - 1 - e : e;
+    x[i] = valid ? P{E::up(va.v[e]), E::up(vb.v[e])} : identity<S>();
+  }
+  warp_sub_scan<S, VEC>(x, carry, lane);
+  if (valid) {
+    const int64_t q = d.reverse ? L - p - VEC : p;
+    Vec16<T> vh, vp;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int i = d.reverse ? VEC - 1 - e : e;
+      vh.v[e] = E::down(x[i].b);
+      vp.v[e] = E::down(x[i].a);
+    }
+    store16(h + q, vh);
+    if (ap) store16(ap + q, vp);
+  }
+}
+
+// Contiguous layout, one warp per d.rows_per_warp consecutive rows. Sub-chunk j of a row covers
+// logical items [j*SUB, (j+1)*SUB), SUB = 32*VEC; lane l holds [j*SUB + l*VEC, +VEC) (one
+// 16-byte vector of a and one of b, physical start p (forward) or L-p-VEC (reverse, items in
+// reversed order)).
+//  * MULTI = false (one row a warp): stage j % STAGES of the warp's ring holds sub-chunk j.
+//  * MULTI = true (short rows, several a warp): the ring runs on across the warp's rows, so that
+//    its STAGES-1 stages of loads stay in flight from one row into the next instead of draining
+//    at every row's end (docs/PERFORMANCE_CUDA.md section 21); the warp's n-th sub-chunk, counted
+//    over its rows, sits in stage n % STAGES. Its cursor costs issue slots that one row a warp
+//    does not need: with it, bf16 rows of 4-32 KB ran at 72-74% of copy on an H200 where the
+//    one-row loop ran at 84-90% (section 23), so that loop is kept for one row.
+template <class T, int STAGES, bool MULTI>
 __global__ void __launch_bounds__(32) row_walk_kernel(Dev d) {
   using E = Elem<T>;
   using S = typename E::S;
@@ -49,7 +87,37 @@ __global__ void __launch_bounds__(32) row_walk_kernel(Dev d) {
   const int64_t left = d.nchains - r0;
   const int64_t nrows = d.rows_per_warp < left ? d.rows_per_warp : left;  // this warp's rows
   const int64_t nsub = (L + SUB - 1) / SUB;
-  if (d.vec) {
+  if (d.vec && !MULTI) {
+    const int64_t r = r0;
+    const T* a = static_cast<const T*>(d.a) + r * L;
+    const T* b = static_cast<const T*>(d.b) + r * L;
+    T* h = static_cast<T*>(d.h) + r * L;
+    T* ap = d.aprod ? static_cast<T*>(d.aprod) + r * L : nullptr;
+    P carry = h0_pair<T>(d, r);
+    auto issue = [&](int64_t j) {
+      const int64_t p = j * SUB + (int64_t)lane * VEC;
+      if (j < nsub && p < L) {
+        const int64_t q = d.reverse ? L - p - VEC : p;
+        uint4* st = s_ring + (j % STAGES) * 64;
+        cp_async<16>(st + lane, a + q);
+        cp_async<16>(st + 32 + lane, b + q);
+      }
+      cp_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) issue(s);
+    for (int64_t j = 0; j < nsub; ++j) {
+      cp_wait<STAGES - 2>();
+      const uint4* st = s_ring + (j % STAGES) * 64;
+      const int64_t p = j * SUB + (int64_t)lane * VEC;
+      const bool valid = p < L;
+      uint4 ra, rb;  // read only where valid
+      if (valid) { ra = st[lane]; rb = st[32 + lane]; }
+      issue(j + STAGES - 1);  // into the stage read in the previous iteration
+      row_walk_sub<T>(d, p, L, h, ap, carry, lane, ra, rb, valid);
+    }
+    cp_wait<0>();
+  } else if (d.vec) {
     // The issue cursor: the warp's next sub-chunk to load, (row ik, sub-chunk ij), and its
     // running count ni (its stage).
     int64_t ik = 0, ij = 0, ni = 0;
@@ -78,31 +146,10 @@ __global__ void __launch_bounds__(32) row_walk_kernel(Dev d) {
         const uint4* st = s_ring + (n % STAGES) * 64;
         const int64_t p = j * SUB + (int64_t)lane * VEC;
         const bool valid = p < L;
-        P x[VEC];
-        Vec16<T> va, vb;
-        if (valid) {
-          *reinterpret_cast<uint4*>(&va) = st[lane];
-          *reinterpret_cast<uint4*>(&vb) = st[32 + lane];
-        }
+        uint4 ra, rb;  // read only where valid
+        if (valid) { ra = st[lane]; rb = st[32 + lane]; }
         issue();  // sub-chunk n + STAGES - 1, into the stage read in the previous iteration
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const int i = d.reverse ? VEC - 1 - e : e;
-          x[i] = valid ? P{E::up(va.v[e]), E::up(vb.v[e])} : identity<S>();
-        }
-        warp_sub_scan<S, VEC>(x, carry, lane);
-        if (valid) {
-          const int64_t q = d.reverse ? L - p - VEC : p;
-          Vec16<T> vh, vp;
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const int i = d.reverse ? VEC - 1 - e : e;
-            vh.v[e] = E::down(x[i].b);
-            vp.v[e] = E::down(x[i].a);
-          }
-          store16(h + q, vh);
-          if (ap) store16(ap + q, vp);
-        }
+        row_walk_sub<T>(d, p, L, h, ap, carry, lane, ra, rb, valid);
       }
     }
     cp_wait<0>();
