@@ -52,17 +52,16 @@ int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes, bool ru
   return std::max<int64_t>(1, std::min<int64_t>(fill, outer / 16384));
 }
 
-// row_walk over long rows holds fewer warps an SM than the 32 its shared memory allows (the
-// launch pads each block's ring; docs/PERFORMANCE_CUDA.md section 22): the loads of ~31 rows an
-// SM at once crowd the memory system, and fewer rows in flight stream faster. Measured on an
-// H100 (sections 22.1, 22.3, kernel alone, % of copy, 16 warps an SM against 31): bf16 4096 x
-// 16384 74 -> 89%, 8192 x 8192 77 -> 91%, 16384 x 4096 79 -> 94%, 12288 x 2048 76 -> 84%; fp32
-// 0-3 points up. The shorter the row, the more warps it needs to hide each row's start: rows of
-// 4-7 sub-chunks (2-4 KB of a) do best at 24 (bf16 32768 x 1024 86 -> 89%), rows of 1-2
-// lost with any cap (bf16 65536 x 512 89 -> 81% at 16), and 8 an SM, 1-2 points better than 16
-// at rows of >= 64 sub-chunks on the H100, is not taken: 8 warps x 5 KB in flight may not
-// cover the H200's faster memory. JAX_SELSCAN_LS_ROW_WARPS_PER_SM=n forces n (0: no cap).
+// row_walk's one-warp blocks an SM, capped by padding each block's ring (capped_smem): no cap
+// by default. Session 53 (docs/PERFORMANCE_CUDA.md section 22) measured a cap of 16-24 taking
+// bf16 4096 x 16384 from 74 to 89% of copy on an H100, but that loss was the several-rows loop's
+// (section 23): with one row a warp on its own loop again, a cap of 16 against none measured
+// within 1 point at every long-row shape on an H100 (bf16 4096 x 16384 87 / 87%, 12288 x 2048
+// 87 / 88%, 16384 x 4096 95 / 94%), and the H200's best run of these shapes (session 49: 84%,
+// 90%) had none. JAX_SELSCAN_LS_ROW_WARPS_PER_SM=n forces a cap of n (measurements; 0: none).
 int row_walk_warps_per_sm(int64_t L, int elem_bytes, bool rule) {
+  (void)L;
+  (void)elem_bytes;
   if (!rule) {
     if (const char* e = std::getenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM")) {
       char* end = nullptr;
@@ -70,8 +69,7 @@ int row_walk_warps_per_sm(int64_t L, int elem_bytes, bool rule) {
       if (end != e && n >= 0) return static_cast<int>(n);
     }
   }
-  const int64_t sub = L * elem_bytes / 512;  // sub-chunks a row (512 B of a each)
-  return sub >= 8 ? 16 : sub >= 4 ? 24 : 0;
+  return 0;
 }
 
 int resolve_tiled_algorithm(const ScanProblem& p, int elem_bytes) {

@@ -322,10 +322,10 @@ def test_row_walk_rows_per_warp(dtype, reverse, monkeypatch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_row_walk_warps_per_sm(dtype, monkeypatch):
     """Long rows on row_walk with the one-warp blocks an SM holds capped (the launch pads each
-    block's shared memory; section 22): more rows than the cap keeps in flight (8192 x 2048, a
-    length that is not a multiple of the 16-byte vector, reversed), at the rule's cap and forced
-    to 8 and 24, each against float64 and bitwise equal to the uncapped launch (the padding must
-    change nothing but the timing)."""
+    block's shared memory; sections 22-23, forced: the rule takes none): more rows than the cap
+    keeps in flight (8192 x 2048, a length that is not a multiple of the 16-byte vector,
+    reversed), forced to 8, 16 and 24, each against float64 and bitwise equal to the uncapped
+    launch (the padding must change nothing but the timing)."""
     from jax_selscan import _cuda
     jdt, tol = DTYPES[dtype]
     eb = jnp.dtype(jdt).itemsize
@@ -335,12 +335,9 @@ def test_row_walk_warps_per_sm(dtype, monkeypatch):
         assert _cuda.row_walk_warps_per_sm(shape[1], elem_bytes=eb) == 0
         assert _cuda.launched_algorithm(dtype, shape[0], shape[1], 1) == 7, shape  # kRowWalk
         h_free = np.asarray(linear_scan(a, b, axis=1, reverse=reverse, h0=h0))
-        for cap in [None, "8", "24"]:
-            if cap is None:
-                monkeypatch.delenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM")
-                assert _cuda.row_walk_warps_per_sm(shape[1], elem_bytes=eb) == 16
-            else:
-                monkeypatch.setenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM", cap)
+        for cap in ["8", "16", "24"]:
+            monkeypatch.setenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM", cap)
+            assert _cuda.row_walk_warps_per_sm(shape[1], elem_bytes=eb) == int(cap)
             h, _, _, _ = check_with_and_without_prod(a, b, h0, 1, reverse, tol, (shape, cap))
             np.testing.assert_array_equal(np.asarray(h).view(np.uint16 if eb == 2 else np.uint32),
                                           h_free.view(np.uint16 if eb == 2 else np.uint32))
@@ -578,24 +575,22 @@ def test_row_walk_rows_per_warp_rule(monkeypatch):
 
 @needs_extension
 def test_row_walk_warps_per_sm_rule(monkeypatch):
-    """row_walk's cap on the one-warp blocks an SM holds (no GPU needed): 16 for rows of at least
-    4 KB of `a` (8 sub-chunks of 512 B), 24 for rows of 2-4 KB, none for shorter rows, where
-    every warp in flight is needed (docs/PERFORMANCE_CUDA.md sections 22.1, 22.3). The
-    environment variable forces a cap, 0 none; anything else in it is ignored."""
+    """row_walk's cap on the one-warp blocks an SM holds (no GPU needed): none by default, at
+    every row length (docs/PERFORMANCE_CUDA.md section 23: with one row a warp on its own loop a
+    cap measured level with none). The environment variable forces a cap, 0 none; anything else
+    in it is ignored; rule=True never reads it."""
     from jax_selscan import _cuda
     runs = _cuda.row_walk_warps_per_sm
 
     monkeypatch.delenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM", raising=False)
-    assert runs(2048, elem_bytes=2) == 16 and runs(1024) == 16 and runs(16384, elem_bytes=8) == 16
-    assert runs(2047, elem_bytes=2) == 24 and runs(1023) == 24 and runs(512) == 24
-    assert runs(1024, elem_bytes=2) == 24 and runs(256, elem_bytes=8) == 24
-    assert runs(1023, elem_bytes=2) == 0 and runs(511) == 0 and runs(256, elem_bytes=2) == 0
+    for L, eb in [(2048, 2), (1024, 4), (16384, 8), (2047, 2), (512, 4), (256, 2), (1, 4), (1 << 20, 2)]:
+        assert runs(L, elem_bytes=eb) == 0 and runs(L, elem_bytes=eb, rule=True) == 0
     monkeypatch.setenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM", "0")
-    assert runs(16384) == 0 and runs(16384, rule=True) == 16
+    assert runs(16384) == 0 and runs(16384, rule=True) == 0
     monkeypatch.setenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM", "12")
-    assert runs(256) == 12 and runs(256, rule=True) == 0
+    assert runs(256) == 12 and runs(16384, elem_bytes=2) == 12 and runs(256, rule=True) == 0
     monkeypatch.setenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM", "many")
-    assert runs(16384) == 16 and runs(256) == 0
+    assert runs(16384) == 0 and runs(256) == 0
 
 
 @needs_extension
