@@ -71,8 +71,9 @@ __device__ __forceinline__ void row_walk_sub(const Dev& d, int64_t p, int64_t L,
 //    its STAGES-1 stages of loads stay in flight from one row into the next instead of draining
 //    at every row's end (docs/PERFORMANCE_CUDA.md section 21); the warp's n-th sub-chunk, counted
 //    over its rows, sits in stage n % STAGES. Its cursor costs issue slots that one row a warp
-//    does not need: with it, bf16 rows of 4-32 KB ran at 72-74% of copy on an H200 where the
-//    one-row loop ran at 84-90% (section 23), so that loop is kept for one row.
+//    does not need: run with one row, bf16 rows of 8-32 KB ran at 75-80% of copy on an H100
+//    against 87-94% for the one-row loop (kernel alone; docs/PERFORMANCE_CUDA.md 23.4), and at
+//    72-74% on an H200 against the one-row loop's 84-90% of session 49; hence two loops.
 template <class T, int STAGES, bool MULTI>
 __global__ void __launch_bounds__(32) row_walk_kernel(Dev d) {
   using E = Elem<T>;
