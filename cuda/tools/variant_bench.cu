@@ -327,8 +327,9 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
       vs.push_back({"whole_n1s4", [&] { CK((whole_launch_ncv<T, 1, 4>(p, 0))); }});
       vs.push_back({"whole_n2s4", [&] { CK((whole_launch_ncv<T, 2, 4>(p, 0))); }});
       vs.push_back({"whole_n4s4", [&] { CK((whole_launch_ncv<T, 4, 4>(p, 0))); }});
-      // registers budgeted for one more block an SM than the package's kernels get (ptxas, sm_90:
-      // bf16 147 -> 128 registers and 8 bytes of spills, 1 -> 2 blocks; fp32 91 -> 80, 2 -> 3)
+      // _bN: registers budgeted for N blocks an SM, the package's bounds since section 23 (ptxas,
+      // sm_90: bf16 147 -> 128 registers and 8 bytes of spills, 1 -> 2 blocks; fp32 91 -> 80,
+      // 2 -> 3); the variants without _b keep ptxas's own choice, the package's before
       if constexpr (sizeof(T) == 2) {
         vs.push_back({"whole_n2s4_b2", [&] { CK((whole_launch_ncv<T, 2, 4, 2>(p, 0))); }});
         vs.push_back({"whole_n4s4_b2", [&] { CK((whole_launch_ncv<T, 4, 4, 2>(p, 0))); }});
