@@ -59,15 +59,11 @@ int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes, bool ru
 // within 1 point at every long-row shape on an H100 (bf16 4096 x 16384 87 / 87%, 12288 x 2048
 // 87 / 88%, 16384 x 4096 95 / 94%), and the H200's best run of these shapes (session 49: 84%,
 // 90%) had none. JAX_SELSCAN_LS_ROW_WARPS_PER_SM=n forces a cap of n (measurements; 0: none).
-int row_walk_warps_per_sm(int64_t L, int elem_bytes, bool rule) {
-  (void)L;
-  (void)elem_bytes;
-  if (!rule) {
-    if (const char* e = std::getenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM")) {
-      char* end = nullptr;
-      const long n = std::strtol(e, &end, 10);
-      if (end != e && n >= 0) return static_cast<int>(n);
-    }
+int row_walk_warps_per_sm() {
+  if (const char* e = std::getenv("JAX_SELSCAN_LS_ROW_WARPS_PER_SM")) {
+    char* end = nullptr;
+    const long n = std::strtol(e, &end, 10);
+    if (end != e && n >= 0) return static_cast<int>(n);
   }
   return 0;
 }

@@ -174,10 +174,9 @@ NB_MODULE(_cuda, m) {
   // (rule=True) the rule alone (test hook; no device query).
   m.def("row_walk_rows_per_warp", &jss::row_walk_rows_per_warp, nb::arg("outer"), nb::arg("L"),
         nb::arg("elem_bytes") = 4, nb::arg("rule") = false);
-  // row_walk's cap on the one-warp blocks an SM holds for rows of L elements (0: none), as a
-  // launch would take it, or (rule=True) the rule alone (test hook; no device query).
-  m.def("row_walk_warps_per_sm", &jss::row_walk_warps_per_sm, nb::arg("L"), nb::arg("elem_bytes") = 4,
-        nb::arg("rule") = false);
+  // row_walk's cap on the one-warp blocks an SM holds, as a launch would take it (0: none;
+  // test hook; no device query).
+  m.def("row_walk_warps_per_sm", &jss::row_walk_warps_per_sm);
   // Bytes the scratch result of one call must hold (before kScratchAlign is added), for the
   // (outer, L, inner) view that Run builds. Depends on shape, dtype and algorithm only (no
   // device query), and on the operands' 16-byte alignment (strided_stage needs 16-byte

@@ -61,9 +61,9 @@ int resolve_tiled_algorithm(const ScanProblem& p, int elem_bytes = 4);
 // row_walk: the consecutive rows one warp walks (1 unless the rows are short and many);
 // rule=true: the rule itself, whether or not it is on by default and whatever the environment.
 int64_t row_walk_rows_per_warp(int64_t outer, int64_t L, int elem_bytes, bool rule = false);
-// row_walk: the most of its one-warp blocks an SM may hold at once (0: no cap, the rule's answer
-// since session 54); rule=true: the rule alone, whatever the environment.
-int row_walk_warps_per_sm(int64_t L, int elem_bytes, bool rule = false);
+// row_walk: the most of its one-warp blocks an SM may hold at once: 0 (no cap, the default since
+// session 54) unless JAX_SELSCAN_LS_ROW_WARPS_PER_SM forces one (measurements).
+int row_walk_warps_per_sm();
 
 // Scratch bytes the launch needs (tile status words, carries, the tile counter); 0 if none.
 size_t scratch_bytes(DType t, const ScanProblem& p);

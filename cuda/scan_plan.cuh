@@ -359,7 +359,7 @@ cudaError_t launch_t(const ScanProblem& p, void* scratch, cudaStream_t stream) {
       d.rows_per_warp = pl.rows_per_warp;
       const int64_t warps = (pl.nchains + pl.rows_per_warp - 1) / pl.rows_per_warp;
       size_t smem = 0;  // the ring (padded only where JAX_SELSCAN_LS_ROW_WARPS_PER_SM forces a cap)
-      const cudaError_t err = capped_smem(C::row_smem(), row_walk_warps_per_sm(p.L, (int)sizeof(T)), smem);
+      const cudaError_t err = capped_smem(C::row_smem(), row_walk_warps_per_sm(), smem);
       if (err != cudaSuccess) return err;
       if (pl.rows_per_warp > 1)
         row_walk_kernel<T, C::ROW_STAGES, true><<<(unsigned)warps, 32, smem, stream>>>(d);

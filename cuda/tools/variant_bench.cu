@@ -90,8 +90,8 @@ Dev make_dev(const ScanProblem& p, const Plan& pl, void* scratch) {
 }
 
 // rpw: rows per warp (0: the rule, row_walk_rows_per_warp(..., rule = true)); cap: the most
-// one-warp blocks an SM holds (the ring's shared memory padded, capped_smem; 0: no cap, -1: the
-// rule, row_walk_warps_per_sm(..., rule = true); section 22); multi: the several-rows loop even
+// one-warp blocks an SM holds (the ring's shared memory padded, capped_smem; 0: no cap, the
+// package's rule since section 23; section 22); multi: the several-rows loop even
 // for one row a warp (section 23: what one row a warp ran in sessions 51-53)
 template <class T, int STAGES>
 void row_walk(const ScanProblem& p, int64_t rpw, int cap = 0, bool multi = false) {
@@ -103,7 +103,7 @@ void row_walk(const ScanProblem& p, int64_t rpw, int cap = 0, bool multi = false
   d.rows_per_warp = rpw > 0 ? rpw : row_walk_rows_per_warp(p.outer, p.L, (int)sizeof(T), true);
   const int64_t warps = (p.outer + d.rows_per_warp - 1) / d.rows_per_warp;
   size_t smem = 0;
-  CK(capped_smem(size_t(STAGES) * 1024, cap >= 0 ? cap : row_walk_warps_per_sm(p.L, (int)sizeof(T), true), smem));
+  CK(capped_smem(size_t(STAGES) * 1024, cap, smem));
   if (d.rows_per_warp > 1 || multi)
     row_walk_kernel<T, STAGES, true><<<(unsigned)warps, 32, smem>>>(d);
   else
@@ -294,9 +294,8 @@ void run_shape(const Shape& s, double copy_gbps, bool ncu) {
     vs.push_back({"row_walk_s6_r4", [&] { row_walk<T, 6>(p, 4); }});
     vs.push_back({"row_walk_s6_r8", [&] { row_walk<T, 6>(p, 8); }});
     vs.push_back({"row_walk_s12_r4", [&] { row_walk<T, 12>(p, 4); }});
-    // section 22: the one-warp blocks an SM holds capped at c (shared memory padded; c0: the
-    // rule), with rings of 4-12 stages (s12 alone holds ~17 an SM)
-    vs.push_back({"row_walk_s6_c0", [&] { row_walk<T, 6>(p, 0, -1); }});
+    // section 22: the one-warp blocks an SM holds capped at c (shared memory padded; the rule
+    // takes none since section 23), with rings of 4-12 stages (s12 alone holds ~17 an SM)
     vs.push_back({"row_walk_s6_m", [&] { row_walk<T, 6>(p, 1, 0, true); }});
     vs.push_back({"row_walk_s6_m_c16", [&] { row_walk<T, 6>(p, 1, 16, true); }});
     vs.push_back({"row_walk_s6_c24", [&] { row_walk<T, 6>(p, 1, 24); }});
