@@ -104,18 +104,18 @@ template <> struct Elem<c64> {
   static __device__ __forceinline__ c64 down(S v) { return v; }
 };
 
-// A vector of B bytes (16, or 8 for strided_pipe's narrow tiles) of T, and the word it is
+// A vector of B bytes (16, or 8 / 4 for strided_pipe's narrow tiles) of T, and the word it is
 // loaded and stored as.
 template <class T, int B>
 struct alignas(B) VecB {
-  static_assert(B == 16 || B == 8, "16- or 8-byte vectors");
+  static_assert(B == 16 || B == 8 || B == 4, "16-, 8- or 4-byte vectors");
   static constexpr int N = B / sizeof(T);
   T v[N];
 };
 template <class T>
 using Vec16 = VecB<T, 16>;
 template <int B>
-using VecWord = typename std::conditional<B == 16, uint4, uint2>::type;
+using VecWord = typename std::conditional<B == 16, uint4, typename std::conditional<B == 8, uint2, uint32_t>::type>::type;
 template <class T>
 __device__ __forceinline__ Vec16<T> load16(const T* p) {
   uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
