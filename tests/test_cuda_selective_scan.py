@@ -546,11 +546,11 @@ big_test = pytest.mark.skipif(os.environ.get("JAX_SELSCAN_BIG_TESTS") != "1",
 
 def _in_fresh_process(check, tmp_path):
     """Run the module's function `check` in a new Python process, with the installed package,
-    allowed 95% of the GPU's memory. The > 2^31-element checks need 25-52 GB at once (the
-    staged backward's peak is 52 GB, XLA's memory statistics on an H100): in this process,
-    XLA's pool (grown on demand, kept, fragmented by the tests before) and its default cap of
-    75% of the card (59 GiB on an 80 GB H100) left the largest of them out of memory even
-    alone, in session 55. A fresh process starts with an empty pool."""
+    allowed 95% of the GPU's memory. The > 2^31-element checks need up to 52 GB at once (the
+    staged backward's peak in XLA's memory statistics on an H100). In the test process that
+    one ran out of memory on an 80 GB H100, after the other tests and alone: XLA's default cap
+    is 75% of the card (59 GiB), and its pool, grown on demand and never returned, keeps what
+    ran before in pieces. A fresh process whose first work is the check passed (session 55)."""
     import subprocess
     import sys
     import jax_selscan
