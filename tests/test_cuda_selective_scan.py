@@ -541,12 +541,12 @@ getattr(t, sys.argv[2])()
 print("checked", sys.argv[2])
 """
 big_test = pytest.mark.skipif(os.environ.get("JAX_SELSCAN_BIG_TESTS") != "1",
-                              reason="set JAX_SELSCAN_BIG_TESTS=1 (needs up to ~52 GB of GPU memory)")
+                              reason="set JAX_SELSCAN_BIG_TESTS=1 (needs up to ~52 GiB of GPU memory)")
 
 
 def _in_fresh_process(check, tmp_path):
     """Run the module's function `check` in a new Python process, with the installed package,
-    allowed 95% of the GPU's memory. The > 2^31-element checks need up to 52 GB at once (the
+    allowed 95% of the GPU's memory. The > 2^31-element checks need up to 52 GiB at once (the
     staged backward's peak in XLA's memory statistics on an H100). In the test process that
     one ran out of memory on an 80 GB H100, after the other tests and alone: XLA's default cap
     is 75% of the card (59 GiB), and its pool, grown on demand and never returned, keeps what
