@@ -544,6 +544,17 @@ big_test = pytest.mark.skipif(os.environ.get("JAX_SELSCAN_BIG_TESTS") != "1",
                               reason="set JAX_SELSCAN_BIG_TESTS=1 (needs up to ~52 GiB of GPU memory)")
 
 
+def _subprocess_env(**extra):
+    """The environment of a child Python process on the GPU: the installed package first on its
+    path (not the source tree), XLA's memory grown on demand (this process holds the GPU too),
+    and `extra`."""
+    import jax_selscan
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", **extra)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_selscan.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
 def _in_fresh_process(check, tmp_path):
     """Run the module's function `check` in a new Python process, with the installed package,
     allowed 95% of the GPU's memory. The > 2^31-element checks need up to 52 GiB at once (the
@@ -553,10 +564,7 @@ def _in_fresh_process(check, tmp_path):
     ran before in pieces. A fresh process whose first work is the check passed (session 55)."""
     import subprocess
     import sys
-    import jax_selscan
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_MEM_FRACTION="0.95")
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_selscan.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = _subprocess_env(XLA_PYTHON_CLIENT_MEM_FRACTION="0.95")
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run([sys.executable, "-c", _BIG_SCRIPT, tests_dir, check], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -721,19 +729,15 @@ def test_command_buffers(direction, chunks, tmp_path):
     import json
     import subprocess
     import sys
-    import jax_selscan
     rng = rng_for("graph", direction)
     x = make_inputs(rng, 2, 64, 300, 16)
     cot = rng.standard_normal(x["u"].shape).astype(np.float32)
     np.savez(tmp_path / "in.npz", cot=cot, **{k: np.asarray(v) for k, v in x.items()})
-    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-               " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"))
+    env = _subprocess_env(XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                          " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"))
     env.pop("JAX_ENABLE_X64", None)
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process holds the GPU too
     if chunks:
         env["JAX_SELSCAN_SS_FWD_CHUNKS"] = env["JAX_SELSCAN_SS_BWD_CHUNKS"] = chunks
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(jax_selscan.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
     proc = subprocess.run([sys.executable, "-c", _SS_GRAPH_SCRIPT, str(tmp_path / "in.npz"), direction,
                            str(tmp_path / "out.npz")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
