@@ -191,6 +191,20 @@ __host__ __device__ constexpr int staged_min_blocks(int P, int NS) {
 //              directions' kernels).
 enum YBuf { kYbNone = 0, kYbWrite = 1, kYbAdd = 2 };
 
+// c ? a : b as one selp, both operands computed: ptxas keeps no branch for it (a ?: may become one).
+__device__ __forceinline__ float select_f32(bool c, float a, float b) {
+  float r;
+  asm("{\n .reg .pred p;\n setp.ne.u32 p, %3, 0;\n selp.f32 %0, %1, %2, p;\n}" : "=f"(r) : "f"(a), "f"(b), "r"(static_cast<unsigned>(c)));
+  return r;
+}
+
+// Whether the walk of tile k stages tile k + 1 (notes 28); off: staging, barrier, walk.
+#ifndef JSS_SS_FWD_OVERLAP
+#define JSS_SS_FWD_OVERLAP 0
+#endif
+constexpr int kFwdOverlapMode = JSS_SS_FWD_OVERLAP;  // 2: the pieces without a branch, so ptxas interleaves them
+constexpr bool kFwdOverlap = JSS_SS_FWD_OVERLAP != 0;
+
 // REV: the walk's direction (a.rev), a template parameter so that the tile's shared-memory slots
 // (TileMap::slot) are compile-time offsets: with it a runtime flag, each staged and each written
 // element recomputed its address with a select (notes 21.5).
@@ -202,6 +216,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   constexpr int BCV = NP * kST / 4;                     // B (or C) vectors per tile
   constexpr int BPT = (BCV + NT - 1) / NT;
   constexpr int BUF = staged_buf_floats(NP);
+  constexpr bool kOverlap = kFwdOverlap;
   static_assert(NS % 2 == 0, "the walk reads (B, C) of two states at a time");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -338,16 +353,21 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
     RM[tid] = mode == kFinal ? Dd : (mode == kAddY ? 2.f * Dd : 0.f);
   }
   __syncthreads();
-  auto stage_tile = [&](int64_t k, float* buf) {
+  // Staging in pieces: piece i < VPT is the u / delta / z vector i of the thread, the rest its
+  // (B, C) vectors. With kOverlap the walk of tile k stages tile k + 1 piece by piece between its
+  // groups, so that the staging's independent arithmetic fills the walk's stalls; the pieces are
+  // then branch-free (a padded step is masked through dt alone: its u, z and y read as 0, so
+  // dt u, add and silu(z) are 0 already).
+  constexpr int NPIECE = VPT + BPT;
+  const bool gated = z && mode != kRawY;  // gate = silu(z) unless kRawY
+  auto stage_piece = [&](int64_t k, float* buf, int i) {
     const int64_t t0 = tm.t0(k);
     float4* X = reinterpret_cast<float4*>(buf);
     float2* BC = reinterpret_cast<float2*>(buf + kSRows * kSX * 4);
-    // Per mode: add = addmul * u (+ ybuf for kAddY), gate = silu(z) unless kRawY.
-    const bool gated = z && mode != kRawY;
-#pragma unroll
-    for (int m = 0; m < VPT; ++m) {
+    if (i < VPT) {
+      const int m = i;
       const int v = tid + m * NT;
-      if (v >= kSVec) continue;
+      if ((kFwdOverlapMode != 2 || VPT * NT != kSVec) && v >= kSVec) return;  // mode 2: no branch here
       const int rr = vec_row(v), i0 = vec_step(v);
       const bool ok = d0 + rr < Dm;
       const int64_t t = t0 + i0;
@@ -360,12 +380,27 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       if constexpr (AddY) ry[m].get(yv);
       auto elem = [&](int e) {
         const float xb = dv[e] + bias;
-        const float dt = p.softplus ? softplus_fast(xb) : xb;
-        const float g = gated ? silu_fast(zv[e]) : 1.f;
+        float dt, g;
+        if constexpr (kOverlap) {  // both sides computed and selected: no branch in the walk
+          dt = select_f32(p.softplus, softplus_fast(xb), xb);
+          g = select_f32(gated, silu_fast(zv[e]), 1.f);
+        } else {
+          dt = p.softplus ? softplus_fast(xb) : xb;
+          g = gated ? silu_fast(zv[e]) : 1.f;
+        }
         return make_float4(dt, dt * uv[e], AddY ? fmaf(addmul, uv[e], yv[e]) : addmul * uv[e], g);
       };
       float4* Xr = X + rr * kSX;
-      if (full) {  // every tile but a sequence's last: no per-element bounds
+      if constexpr (kOverlap) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float4 x = elem(e);
+          const bool valid = full || (ok && t + e >= 0 && t + e < L);
+          x.x = select_f32(valid, x.x, 0.f);
+          x.y = select_f32(valid, x.y, 0.f);
+          Xr[slot(i0 + e)] = x;
+        }
+      } else if (full) {  // every tile but a sequence's last: no per-element bounds
 #pragma unroll
         for (int e = 0; e < 4; ++e) Xr[slot(i0 + e)] = elem(e);
       } else {  // padding reads as 0; masked to the identity step (dt = 0)
@@ -375,11 +410,10 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
           Xr[slot(i0 + e)] = valid ? elem(e) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
       }
-    }
-#pragma unroll
-    for (int m = 0; m < BPT; ++m) {
+    } else {
+      const int m = i - VPT;
       const int w = tid + m * NT;
-      if (w >= BCV) continue;
+      if ((kFwdOverlapMode != 2 || BPT * NT != BCV) && w >= BCV) return;
       const int n = bc_state(w, NP), i0 = bc_step(w, NP);
       float bv[4], cv[4] = {0.f, 0.f, 0.f, 0.f};
       rb[m].get(bv);
@@ -388,13 +422,34 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       for (int e = 0; e < 4; ++e) BC[slot(i0 + e) * NP + n] = make_float2(bv[e], cv[e]);
     }
   };
+  auto stage_tile = [&](int64_t k, float* buf) {
+#pragma unroll
+    for (int i = 0; i < NPIECE; ++i) stage_piece(k, buf, i);
+  };
 
   load_tile(kb);
+  if constexpr (kOverlap) {  // the first tile staged ahead; each walk stages the next
+    stage_tile(kb, smem);
+    if (kb + 1 < ke) load_tile(kb + 1);
+    __syncthreads();
+  }
   for (int64_t k = kb; k < ke; ++k) {
     float* buf = smem + ((k - kb) & 1) * BUF;
-    stage_tile(k, buf);
-    if (k + 1 < ke) load_tile(k + 1);
-    __syncthreads();
+    if constexpr (!kOverlap) {
+      stage_tile(k, buf);
+      if (k + 1 < ke) load_tile(k + 1);
+      __syncthreads();
+    }
+    // kOverlap: the pieces of tile k + 1's staging that follow group g of this walk, into the
+    // other buffer (free: its write-out ended before the last barrier). Past the chunk's last
+    // tile they stage stale registers into that buffer, which nothing reads again.
+    float* nbuf = smem + ((k - kb + 1) & 1) * BUF;
+    auto ahead = [&](int g) {
+      if constexpr (kOverlap) {
+#pragma unroll
+        for (int i = g; i < NPIECE; i += 4) stage_piece(k + 1, nbuf, i);
+      }
+    };
 
     // The walk through the tile's steps; slot j is step j. Per group of kG steps the P
     // lanes of a row keep their partial y in registers and then reduce-scatter them, so
@@ -439,25 +494,30 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       save(0);
 #pragma unroll
       for (int g = 0; g < kG; ++g) ya[g] = step(g);
+      ahead(0);
       save(kG);
       HeldY<P> ha = reduce_hold<P, RW>(ya, q);
 #pragma unroll
       for (int g = 0; g < kG; ++g) yb[g] = step(kG + g);
+      ahead(1);
       ha.store(Y + yidx(r, 0));
       save(2 * kG);
       HeldY<P> hb = reduce_hold<P, RW>(yb, q);
 #pragma unroll
       for (int g = 0; g < kG; ++g) ya[g] = step(2 * kG + g);
+      ahead(2);
       hb.store(Y + yidx(r, kG));
       save(3 * kG);
       ha = reduce_hold<P, RW>(ya, q);
 #pragma unroll
       for (int g = 0; g < kG; ++g) yb[g] = step(3 * kG + g);
+      ahead(3);
       ha.store(Y + yidx(r, 2 * kG));
       reduce_store<P, RW>(yb, q, Y + yidx(r, 3 * kG));
     } else {
 #pragma unroll
       for (int j = 0; j < kST; ++j) {
+        if (j % kG == 0 && j > 0) ahead(j / kG - 1);
         if (mode == kChunkEnd) S += X[j].x;  // padding steps have dt = 0
         else if (j % kCk == 0) {
           const int64_t s = k * kST + j;
@@ -469,6 +529,10 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         }
         step(j);
       }
+      ahead(kST / kG - 1);
+    }
+    if constexpr (kOverlap) {
+      if (k + 2 < ke) load_tile(k + 2);
     }
     __syncthreads();
 
@@ -507,6 +571,9 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
             if (t + e >= 0 && t + e < L) Io<T>::st(static_cast<T*>(a.out), o0 + e, o[e]);
         }
       }
+    }
+    if constexpr (kOverlap) {
+      if (outputs) __syncthreads();  // the next walk stages into this buffer
     }
   }
   if (mode == kChunkEnd) {
