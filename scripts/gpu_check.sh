@@ -15,7 +15,8 @@
 #   (also: DRIVER=prebuilt scan_driver, SS_DRIVER=prebuilt ss_driver, VB_BIN=prebuilt variant_bench,
 #    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), BIG_FILTER=substring (> 2^31 cases), SAN_ONLY=row_rounds (sanitize one kernel), SAN_TOOLS / SS_SAN_TOOLS="initcheck" (other sanitizer tools), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
-# sharded_gpu (tests/test_sharded.py on 4 GPUs), sync_overhead (how the host waits for a call).
+# sharded_gpu (tests/test_sharded.py on 4 GPUs), sync_overhead (how the host waits for a call),
+# ss_fwd_ab (forward builds of different -D flags timed side by side, cuda/tools/ss_fwd_time.cu).
 # Also: lds (shared-load wavefronts by lane pattern, cuda/tools/lds_wavefronts.cu),
 # variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
 # events; VB_ENV="VB_ROWS=1" picks the shape set, "VB_ONLY=name,name" the variants), variants_ab (prebuilt benches in turn: VB_AB), main_bench (python -m jax_selscan.bench
@@ -231,6 +232,27 @@ if has ss_split; then  # one run per study of SS_SPLIT_STUDIES (plans, sub, lane
   for study in ${SS_SPLIT_STUDIES:-plans}; do
     TAIL=40 step ss_split_$study ${SS_SPLIT_LIMIT:-420} $PY -P benchmarks/gpu_selective_scan_split.py \
       --out "$OUT" --study $study ${SS_SPLIT_ARGS:-}
+  done
+fi
+# ss_fwd_ab: the selective-scan forward alone (cuda/tools/ss_fwd_time.cu), one build per value of
+# SS_FWD_AB_FLAGS (default: JSS_SS_FWD_OVERLAP=0, 1, 2; notes 28), each run in turn SS_FWD_AB_ROUNDS
+# times (default 2): medians of SS_REPS launches and the output's hash per dtype and shape
+# (SS_SHAPES, SS_DTYPES pick them).
+if has ss_fwd_ab; then
+  i=0
+  for fl in ${SS_FWD_AB_FLAGS:-JSS_SS_FWD_OVERLAP=0 JSS_SS_FWD_OVERLAP=1 JSS_SS_FWD_OVERLAP=2}; do
+    i=$((i + 1))
+    nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_$ARCH --expt-relaxed-constexpr -D$fl -Icuda cuda/tools/ss_fwd_time.cu \
+      cuda/selective_scan_f32.cu cuda/selective_scan_bf16.cu cuda/selective_scan_f16.cu cuda/selective_scan_host.cc \
+      -o "$BIN/ss_fwd_time_$i" > "$LOGS/build_ss_fwd_time_$i.log" 2>&1 &
+  done
+  wait
+  for round in $(seq ${SS_FWD_AB_ROUNDS:-2}); do
+    i=0
+    for fl in ${SS_FWD_AB_FLAGS:-JSS_SS_FWD_OVERLAP=0 JSS_SS_FWD_OVERLAP=1 JSS_SS_FWD_OVERLAP=2}; do
+      i=$((i + 1))
+      TAIL=12 step "ss_fwd_ab_${round}_$i" 120 bash -c "echo '-D$fl'; $BIN/ss_fwd_time_$i"
+    done
   done
 fi
 # ls_small: the launch-bound linear_scan shapes (2^20 elements): per-call time in a jitted chain
