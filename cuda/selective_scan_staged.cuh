@@ -355,9 +355,9 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   __syncthreads();
   // Staging in pieces: piece i < VPT is the u / delta / z vector i of the thread, the rest its
   // (B, C) vectors. With kOverlap the walk of tile k stages tile k + 1 piece by piece between its
-  // groups, so that the staging's independent arithmetic fills the walk's stalls; the pieces are
-  // then branch-free (a padded step is masked through dt alone: its u, z and y read as 0, so
-  // dt u, add and silu(z) are 0 already).
+  // groups, so that the staging's independent arithmetic can fill the walk's stalls; a padded
+  // step is then masked through (dt, dt u) alone (its u, z and y registers read as 0, so add and
+  // silu(z) are 0 already), with selects, and in mode 2 the pieces keep no branch at all.
   constexpr int NPIECE = VPT + BPT;
   const bool gated = z && mode != kRawY;  // gate = silu(z) unless kRawY
   auto stage_piece = [&](int64_t k, float* buf, int i) {
