@@ -216,7 +216,6 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   constexpr int BCV = NP * kST / 4;                     // B (or C) vectors per tile
   constexpr int BPT = (BCV + NT - 1) / NT;
   constexpr int BUF = staged_buf_floats(NP);
-  constexpr bool kOverlap = kFwdOverlap;
   static_assert(NS % 2 == 0, "the walk reads (B, C) of two states at a time");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -354,7 +353,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   }
   __syncthreads();
   // Staging in pieces: piece i < VPT is the u / delta / z vector i of the thread, the rest its
-  // (B, C) vectors. With kOverlap the walk of tile k stages tile k + 1 piece by piece between its
+  // (B, C) vectors. With kFwdOverlap the walk of tile k stages tile k + 1 piece by piece between its
   // groups, so that the staging's independent arithmetic can fill the walk's stalls; a padded
   // step is then masked through (dt, dt u) alone (its u, z and y registers read as 0, so add and
   // silu(z) are 0 already), with selects, and in mode 2 the pieces keep no branch at all.
@@ -381,7 +380,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       auto elem = [&](int e) {
         const float xb = dv[e] + bias;
         float dt, g;
-        if constexpr (kOverlap) {  // both sides computed and selected: no branch in the walk
+        if constexpr (kFwdOverlap) {  // both sides computed and selected: no branch in the walk
           dt = select_f32(p.softplus, softplus_fast(xb), xb);
           g = select_f32(gated, silu_fast(zv[e]), 1.f);
         } else {
@@ -391,7 +390,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         return make_float4(dt, dt * uv[e], AddY ? fmaf(addmul, uv[e], yv[e]) : addmul * uv[e], g);
       };
       float4* Xr = X + rr * kSX;
-      if constexpr (kOverlap) {
+      if constexpr (kFwdOverlap) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float4 x = elem(e);
@@ -428,24 +427,24 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
   };
 
   load_tile(kb);
-  if constexpr (kOverlap) {  // the first tile staged ahead; each walk stages the next
+  if constexpr (kFwdOverlap) {  // the first tile staged ahead; each walk stages the next
     stage_tile(kb, smem);
     if (kb + 1 < ke) load_tile(kb + 1);
     __syncthreads();
   }
   for (int64_t k = kb; k < ke; ++k) {
     float* buf = smem + ((k - kb) & 1) * BUF;
-    if constexpr (!kOverlap) {
+    if constexpr (!kFwdOverlap) {
       stage_tile(k, buf);
       if (k + 1 < ke) load_tile(k + 1);
       __syncthreads();
     }
-    // kOverlap: the pieces of tile k + 1's staging that follow group g of this walk, into the
+    // kFwdOverlap: the pieces of tile k + 1's staging that follow group g of this walk, into the
     // other buffer (free: its write-out ended before the last barrier). Past the chunk's last
     // tile they stage stale registers into that buffer, which nothing reads again.
     float* nbuf = smem + ((k - kb + 1) & 1) * BUF;
     auto ahead = [&](int g) {
-      if constexpr (kOverlap) {
+      if constexpr (kFwdOverlap) {
 #pragma unroll
         for (int i = g; i < NPIECE; i += 4) stage_piece(k + 1, nbuf, i);
       }
@@ -531,7 +530,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
       }
       ahead(kST / kG - 1);
     }
-    if constexpr (kOverlap) {
+    if constexpr (kFwdOverlap) {
       if (k + 2 < ke) load_tile(k + 2);
     }
     __syncthreads();
@@ -572,7 +571,7 @@ __global__ void __launch_bounds__(kSRows * P, staged_min_blocks(P, NS)) fwd_stag
         }
       }
     }
-    if constexpr (kOverlap) {
+    if constexpr (kFwdOverlap) {
       if (outputs) __syncthreads();  // the next walk stages into this buffer
     }
   }

@@ -239,8 +239,9 @@ fi
 # times (default 2): medians of SS_REPS launches and the output's hash per dtype and shape
 # (SS_SHAPES, SS_DTYPES pick them).
 if has ss_fwd_ab; then
+  AB_FLAGS=${SS_FWD_AB_FLAGS:-JSS_SS_FWD_OVERLAP=0 JSS_SS_FWD_OVERLAP=1 JSS_SS_FWD_OVERLAP=2}
   i=0
-  for fl in ${SS_FWD_AB_FLAGS:-JSS_SS_FWD_OVERLAP=0 JSS_SS_FWD_OVERLAP=1 JSS_SS_FWD_OVERLAP=2}; do
+  for fl in $AB_FLAGS; do
     i=$((i + 1))
     nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_$ARCH --expt-relaxed-constexpr -D$fl -Icuda cuda/tools/ss_fwd_time.cu \
       cuda/selective_scan_f32.cu cuda/selective_scan_bf16.cu cuda/selective_scan_f16.cu cuda/selective_scan_host.cc \
@@ -249,7 +250,7 @@ if has ss_fwd_ab; then
   wait
   for round in $(seq ${SS_FWD_AB_ROUNDS:-2}); do
     i=0
-    for fl in ${SS_FWD_AB_FLAGS:-JSS_SS_FWD_OVERLAP=0 JSS_SS_FWD_OVERLAP=1 JSS_SS_FWD_OVERLAP=2}; do
+    for fl in $AB_FLAGS; do
       i=$((i + 1))
       TAIL=12 step "ss_fwd_ab_${round}_$i" 120 bash -c "echo '-D$fl'; $BIN/ss_fwd_time_$i"
     done

@@ -21,26 +21,10 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "dev_rand.h"
 #include "selective_scan.h"
 
 namespace {
-
-uint64_t rs = 0x2545F4914F6CDD1Dull;
-float urand() {
-  rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-  return ((rs >> 40) & 0xffffff) / float(1 << 24);
-}
-
-// n random values in [lo, hi) on the device, stored as T (float or bf16).
-template <class T>
-void* dev_rand(size_t n, float lo, float hi) {
-  std::vector<T> h(n);
-  for (auto& v : h) v = static_cast<T>(lo + (hi - lo) * urand());
-  void* d;
-  CK(cudaMalloc(&d, n * sizeof(T)));
-  CK(cudaMemcpy(d, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
 
 uint64_t fnv(const unsigned char* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
