@@ -685,7 +685,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="out", help="output folder")
     ap.add_argument("--mamba-dir", default=None, help="folder with mamba_ref.py and selective_scan_cuda*.so "
-                    "(third_party/mamba/build.sh OUTDIR)")
+                    "(a build of mamba_ssm's selective_scan_cuda kept outside git, e.g. third_party/build_mamba.sh OUTDIR)")
     ap.add_argument("--quick", action="store_true", help="fewer repeats, only the first shape")
     ap.add_argument("--shapes", default=None, help="comma-separated BATCHxDxLxN, e.g. 2x64x128x16")
     ap.add_argument("--dtypes", default="float32,bfloat16")
