@@ -8,6 +8,7 @@
 #include "selective_scan_kernels.cuh"
 #include "selective_scan_staged.cuh"
 #include "selective_scan_staged_bwd.cuh"
+#include "selective_scan_ws.cuh"
 
 namespace jss {
 namespace ssk {
@@ -34,6 +35,9 @@ inline bool use_staged(const FwdArgs& a) { return ss_fwd_staged(a.p); }
 // One launch over `chunks` L chunks (1 without a split).
 template <class T>
 cudaError_t fwd_launch(const FwdArgs& a, int NS, int chunks, cudaStream_t stream) {
+  if constexpr (sizeof(T) == 2) {  // the warp-specialised forward, on request (notes 29)
+    if (use_staged(a) && ws_fwd_ok(a, chunks)) return launch_ws<T>(a, stream);
+  }
   if (use_staged(a)) return fwd_staged<T>(a, chunks, stream);
   switch (NS) {
     case 1: return launch_fwd<T, 1>(a, chunks, stream);
