@@ -38,6 +38,7 @@ cudaError_t fwd_launch(const FwdArgs& a, int NS, int chunks, cudaStream_t stream
   if constexpr (sizeof(T) == 2) {  // the warp-specialised forward, on request (notes 29)
     if (use_staged(a) && ws_fwd_ok(a, chunks)) return launch_ws<T>(a, stream);
   }
+  if (ws_fwd_env() == 2) return cudaErrorNotSupported;
   if (use_staged(a)) return fwd_staged<T>(a, chunks, stream);
   switch (NS) {
     case 1: return launch_fwd<T, 1>(a, chunks, stream);

@@ -1,6 +1,6 @@
 // Forward selective scan with the staging on warps of their own ("warp-specialised"; notes 29
 // of docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md). Experimental: launched only when
-// JAX_SELSCAN_SS_FWD_WS=1 (read per call), for 16-bit inputs, N <= 16, the plain output mode,
+// JAX_SELSCAN_SS_FWD_WS=1 (read per launch), for 16-bit inputs, N <= 16, the plain output mode,
 // no L split and L % 8 == 0.
 //
 // The staged kernel (selective_scan_staged.cuh) stages a tile, then walks it, with barriers
@@ -325,10 +325,15 @@ __global__ void __launch_bounds__(kWsThreads, 3) fwd_ws_kernel(FwdArgs a) {
   }
 }
 
-// Whether the warp-specialised forward takes this call (JAX_SELSCAN_SS_FWD_WS=1 and its cases).
-inline bool ws_fwd_ok(const FwdArgs& a, int chunks) {
+// JAX_SELSCAN_SS_FWD_WS: 1 runs the warp-specialised forward where it applies; 2 (tests) also
+// fails any forward launch it does not take, so a test cannot pass on the other kernel unawares.
+inline int ws_fwd_env() {
   const char* e = std::getenv("JAX_SELSCAN_SS_FWD_WS");
-  if (!e || e[0] != '1') return false;
+  return e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
+}
+// Whether the warp-specialised forward takes this call (asked for, and one of its cases).
+inline bool ws_fwd_ok(const FwdArgs& a, int chunks) {
+  if (!ws_fwd_env()) return false;
   const SsProblem& p = a.p;
   auto al = [](const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
   return p.t != SsDType::F32 && p.N <= 16 && a.mode == kFinal && chunks <= 1 && a.nch <= 1 && p.L % 8 == 0 &&

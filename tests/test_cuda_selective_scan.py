@@ -188,6 +188,44 @@ def test_staged_forced_lanes(lanes, direction, monkeypatch):
     check_grads_against_ref(x, dict(delta_softplus=True, direction=direction), rng, GRAD_TOL[F32])
 
 
+# The warp-specialised forward (cuda/selective_scan_ws.cuh; JAX_SELSCAN_SS_FWD_WS, read at every
+# launch) takes 16-bit inputs, N <= 16, the plain output mode, no L split, L % 8 == 0. It computes
+# the staged kernel's expressions, so the two must agree bitwise (outputs and last states); both
+# against the float64 reference too. "2" makes a launch it does not take fail, so these cases
+# surely ran it; the L split is forced off. Cases: padded rows (D = 80), padded states (N = 13),
+# a partial last tile, a single partial tile, z / h0 absent, grouped B.
+WS_CASES = [((2, 80, 264, 13), {}), ((1, 64, 8, 16), dict(z=False)), ((2, 64, 40, 16), dict(h0=False)),
+            ((1, 128, 1032, 16), dict(b_kind="grouped"))]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("direction", ("forward", "reverse"))
+@pytest.mark.parametrize("case", range(len(WS_CASES)))
+def test_warp_specialised_forward_bitwise(case, direction, dtype, monkeypatch):
+    shape, opts = WS_CASES[case]
+    x = make_inputs(rng_for("ws", case, direction, str(dtype)), *shape, dtype=dtype, **opts)
+    kw = dict(delta_softplus=True, return_last_state=True, direction=direction)
+    f = jax.jit(lambda x: selective_scan(**x, **kw))
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CHUNKS", "1")
+    runs = {}
+    for ws in ("0", "2"):
+        monkeypatch.setenv("JAX_SELSCAN_SS_FWD_WS", ws)
+        runs[ws] = [np.asarray(v) for v in f(x)]
+    for a, b in zip(runs["0"], runs["2"]):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    want, wlast = ref_np(x, **kw)
+    assert rel_err(runs["2"][0], want) < FWD_TOL[dtype]
+    assert rel_err(runs["2"][1], wlast) < FWD_TOL[dtype]
+
+
+def test_warp_specialised_forward_gradients(monkeypatch):
+    # The forward saving the backward's checkpoints runs the warp-specialised kernel too.
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_WS", "1")
+    rng = rng_for("ws grads")
+    x = make_inputs(rng, 2, 64, 136, 16, dtype=BF16)
+    check_grads_against_ref(x, dict(delta_softplus=True), rng, GRAD_TOL[BF16])
+
+
 @pytest.mark.parametrize("kernel", ["rows", "staged"])
 def test_forward_kernel_choices_agree(kernel, monkeypatch):
     # JAX_SELSCAN_SS_FWD is read at every launch: both forward kernels on one input.
