@@ -188,9 +188,10 @@ def test_staged_forced_lanes(lanes, direction, monkeypatch):
     check_grads_against_ref(x, dict(delta_softplus=True, direction=direction), rng, GRAD_TOL[F32])
 
 
-# The warp-specialised forward (cuda/selective_scan_ws.cuh; JAX_SELSCAN_SS_FWD_WS, read at every
-# launch) takes 16-bit inputs, N <= 16, the plain output mode, no L split, L % 8 == 0. It computes
-# the staged kernel's expressions, so the two must agree bitwise (outputs and last states); both
+# The warp-specialised forward (cuda/selective_scan_ws.cuh; the default where it applies, off with
+# JAX_SELSCAN_SS_FWD_WS=0, read at every launch) takes 16-bit inputs, N <= 16, the plain output
+# mode, no L split, L % 8 == 0. It computes the 4-lane staged kernel's expressions, so the two must
+# agree bitwise (outputs and last states); both
 # against the float64 reference too. "2" makes a launch it does not take fail, so these cases
 # surely ran it; the L split is forced off. Cases: padded rows (D = 80), padded states (N = 13),
 # a partial last tile, a single partial tile, z / h0 absent, grouped B.
@@ -207,6 +208,7 @@ def test_warp_specialised_forward_bitwise(case, direction, dtype, monkeypatch):
     kw = dict(delta_softplus=True, return_last_state=True, direction=direction)
     f = jax.jit(lambda x: selective_scan(**x, **kw))
     monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CHUNKS", "1")
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_LANES", "4")  # the staged geometry whose y sums it shares
     runs = {}
     for ws in ("0", "2"):
         monkeypatch.setenv("JAX_SELSCAN_SS_FWD_WS", ws)
@@ -221,6 +223,7 @@ def test_warp_specialised_forward_bitwise(case, direction, dtype, monkeypatch):
 def test_warp_specialised_forward_gradients(monkeypatch):
     # The forward saving the backward's checkpoints runs the warp-specialised kernel too.
     monkeypatch.setenv("JAX_SELSCAN_SS_FWD_WS", "1")
+    monkeypatch.setenv("JAX_SELSCAN_SS_FWD_CHUNKS", "1")
     rng = rng_for("ws grads")
     x = make_inputs(rng, 2, 64, 136, 16, dtype=BF16)
     check_grads_against_ref(x, dict(delta_softplus=True), rng, GRAD_TOL[BF16])
