@@ -1,7 +1,7 @@
 // Forward selective scan with the staging on warps of their own ("warp-specialised"; notes 29
 // of docs/PERFORMANCE_SELECTIVE_SCAN_CUDA.md): the forward of 16-bit inputs with N <= 16, the
 // plain output mode (with or without the backward's checkpoints), no L split and L % 8 == 0;
-// JAX_SELSCAN_SS_FWD_WS (ws_fwd_env) turns it off.
+// opt-in with JAX_SELSCAN_SS_FWD_WS=1 (ws_fwd_env) until the GPU test suite has run on it.
 //
 // The staged kernel (selective_scan_staged.cuh) stages a tile, then walks it, with barriers
 // between, in every warp; the walk is bound by the MUFU (one EX2 per state and step), the
@@ -18,8 +18,9 @@
 //   FULL[b]  producers arrive when X/BC[b] hold a tile; walkers sync before walking it;
 //   DONE[b]  walkers arrive after the walk of the tile in X/BC/Y[b]; producers sync before its
 //            write-out, and only after that write-out stage into X/BC[b] again.
-// The outputs are bitwise those of the staged kernel's 4-lane geometry (same expressions per
-// element and step; its 8-lane geometry sums y in another order).
+// The outputs are meant to be bitwise those of the staged kernel's 4-lane geometry (the same
+// expressions per element and step; its 8-lane geometry sums y in another order): measured so
+// where the staged kernel ran 4 lanes (notes 29.1).
 #pragma once
 
 #include "selective_scan_staged.cuh"
@@ -326,13 +327,12 @@ __global__ void __launch_bounds__(kWsThreads, 3) fwd_ws_kernel(FwdArgs a) {
   }
 }
 
-// JAX_SELSCAN_SS_FWD_WS (read per launch): 0 off, 1 on where it applies (the default, unless
-// JAX_SELSCAN_SS_FWD_LANES forces the staged kernel's geometry), 2 (tests) on, and every forward
-// launch it does not take fails, so a test cannot pass on the other kernel unawares.
+// JAX_SELSCAN_SS_FWD_WS (read per launch): unset or 0 off (for now: notes 29.2), 1 on where it
+// applies, 2 (tests) on, and every forward launch it does not take fails, so a test cannot pass
+// on the other kernel unawares.
 inline int ws_fwd_env() {
   const char* e = std::getenv("JAX_SELSCAN_SS_FWD_WS");
-  if (e && e[0]) return e[0] == '2' ? 2 : e[0] == '0' ? 0 : 1;
-  return std::getenv("JAX_SELSCAN_SS_FWD_LANES") ? 0 : 1;
+  return e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
 }
 // Whether the warp-specialised forward takes this call (asked for, and one of its cases).
 inline bool ws_fwd_ok(const FwdArgs& a, int chunks) {

@@ -188,8 +188,8 @@ def test_staged_forced_lanes(lanes, direction, monkeypatch):
     check_grads_against_ref(x, dict(delta_softplus=True, direction=direction), rng, GRAD_TOL[F32])
 
 
-# The warp-specialised forward (cuda/selective_scan_ws.cuh; the default where it applies, off with
-# JAX_SELSCAN_SS_FWD_WS=0, read at every launch) takes 16-bit inputs, N <= 16, the plain output
+# The warp-specialised forward (cuda/selective_scan_ws.cuh; opt-in with JAX_SELSCAN_SS_FWD_WS=1,
+# read at every launch) takes 16-bit inputs, N <= 16, the plain output
 # mode, no L split, L % 8 == 0. It computes the 4-lane staged kernel's expressions, so the two must
 # agree bitwise (outputs and last states); both
 # against the float64 reference too. "2" makes a launch it does not take fail, so these cases
