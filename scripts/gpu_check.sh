@@ -16,7 +16,8 @@
 #    CHECK_ONLY=name (driver check of one kernel), DET_FILTER=substring (determinism cases), BIG_FILTER=substring (> 2^31 cases), SAN_ONLY=row_rounds (sanitize one kernel), SAN_TOOLS / SS_SAN_TOOLS="initcheck" (other sanitizer tools), BENCH_ARGS="--algos auto,lookback_regs --shapes axis",
 #    PYTEST_ARGS="-k auto", SAN_LIMIT=seconds, JSS_CPU=ON to build the CPU extension too)
 # sharded_gpu (tests/test_sharded.py on 4 GPUs), sync_overhead (how the host waits for a call),
-# ss_fwd_ab (forward builds of different -D flags timed side by side, cuda/tools/ss_fwd_time.cu).
+# ss_fwd_ab (forward builds of different -D flags timed side by side, cuda/tools/ss_fwd_time.cu), ss_ws_ab
+# (the warp-specialised forward against the staged one, bitwise and timed).
 # Also: lds (shared-load wavefronts by lane pattern, cuda/tools/lds_wavefronts.cu),
 # variants (cuda/tools/variant_bench.cu, kernel geometries side by side with CUDA
 # events; VB_ENV="VB_ROWS=1" picks the shape set, "VB_ONLY=name,name" the variants), variants_ab (prebuilt benches in turn: VB_AB), main_bench (python -m jax_selscan.bench
@@ -255,6 +256,19 @@ if has ss_fwd_ab; then
       TAIL=12 step "ss_fwd_ab_${round}_$i" 120 bash -c "echo '-D$fl'; $BIN/ss_fwd_time_$i"
     done
   done
+fi
+# ss_ws_ab: the warp-specialised 16-bit forward (notes 29) against the staged kernel's 4 lanes, in
+# one process on the same inputs (ss_fwd_time SS_WS_AB=1): edge cases in every direction / z / h0
+# combination (the hashes must agree pairwise), then the four benchmark shapes timed.
+if has ss_ws_ab; then
+  nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_$ARCH --expt-relaxed-constexpr -Icuda cuda/tools/ss_fwd_time.cu \
+    cuda/selective_scan_f32.cu cuda/selective_scan_bf16.cu cuda/selective_scan_f16.cu cuda/selective_scan_host.cc \
+    -o "$BIN/ss_fwd_time_ws" > "$LOGS/build_ss_fwd_time_ws.log" 2>&1
+  TAIL=3 step ss_ws_edge 200 bash -c 'for d in 0 1; do for nz in 0 1; do for h in 0 1; do
+      SS_DIR=$d SS_NOZ=$nz SS_H0=$h SS_WS_AB=1 SS_REPS=2 SS_DTYPES=bfloat16 JAX_SELSCAN_SS_FWD_LANES=4 \
+      SS_SHAPES="2,80,264,13 1,64,8,16 1,32,40,16 8,2560,4096,16" '"$BIN"'/ss_fwd_time_ws || exit 1
+    done; done; done | '"$PY"' cuda/tools/ss_hash_pairs.py'
+  TAIL=12 step ss_ws_time 120 env SS_WS_AB=1 SS_REPS=15 SS_DTYPES=bfloat16 "$BIN/ss_fwd_time_ws"
 fi
 # ls_small: the launch-bound linear_scan shapes (2^20 elements): per-call time in a jitted chain
 # beside a one-kernel floor, then each kernel's own ncu time (cuda/tools/ls_small.py; LS_SMALL_*).

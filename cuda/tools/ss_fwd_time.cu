@@ -10,8 +10,9 @@
 //   SS_SHAPES="8,1536,2048,16 64,768,512,16" SS_REPS=20 .bin/ss_fwd_time
 // Options (environment): SS_DIR=1 the reverse direction; SS_NOZ=1 no z; SS_H0=1 an initial state
 // (and the last state hashed with the output); SS_WS_AB=1 each case twice in one process, with
-// JAX_SELSCAN_SS_FWD_WS unset and set (the warp-specialised forward, notes 29), so that the
-// two kernels' times and hashes sit side by side on the same inputs.
+// JAX_SELSCAN_SS_FWD_WS=0 then =1 (the warp-specialised forward, notes 29), so that the two
+// kernels' times and hashes sit side by side on the same inputs (set JAX_SELSCAN_SS_FWD_LANES=4
+// for the staged geometry whose outputs it should match bit for bit).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
